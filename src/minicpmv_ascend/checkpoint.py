@@ -1,0 +1,326 @@
+"""Write a random-weight MiniCPM-V 4.6 (Thinking) checkpoint that HF transformers and vLLM load.
+
+The weights are random: the model's answers are noise. It exists so the serving stack can be run
+and tested for real without the released weights (no model hub is reachable here).
+
+Presets:
+  tiny  a few MB, loads in seconds: tests and `make serve`.
+  full  the released model's shapes (~1.3B parameters): honest speed numbers in benchmarks.
+
+Both use the released model's parameter names (they come from transformers' own
+MiniCPMV4_6ForConditionalGeneration), its config layout, a locally trained byte-level BPE tokenizer
+with the Qwen-style and MiniCPM layout special tokens, the Thinking chat template, processor
+configs and a generation config with stop tokens. Output is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+# Special tokens in the order Qwen3.5 tokenizers add them, plus MiniCPM-V's layout tokens.
+# (text, special): `special` tokens are dropped by `skip_special_tokens`; the thinking and tool
+# markers are not special in Qwen tokenizers, so the reasoning and tool parsers see them as text.
+SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<think>", False),
+    ("</think>", False),
+    ("<image>", True),
+    ("</image>", True),
+    ("<slice>", True),
+    ("</slice>", True),
+    ("<image_id>", True),
+    ("</image_id>", True),
+    ("<unk>", True),
+)
+
+# Attributes transformers' MiniCPMV4_6Processor and vLLM read from the tokenizer.
+TOKENIZER_ROLE_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+    "vision_start_token": "<|vision_start|>",
+    "vision_end_token": "<|vision_end|>",
+}
+
+# Thinking-model chat template: the generation prompt opens `<think>` (thinking on by default);
+# `enable_thinking=false` emits an empty think block instead. Images and videos become
+# `<|image_pad|>` / `<|video_pad|>`, which the processor expands into MiniCPM-V's slice layout.
+CHAT_TEMPLATE = r"""{%- set enable_thinking = enable_thinking if enable_thinking is defined else true -%}
+{%- for message in messages -%}
+{{- '<|im_start|>' + message['role'] + '\n' -}}
+{%- if message['content'] is string -%}
+{%- set text = message['content'] -%}
+{%- if message['role'] == 'assistant' and '</think>' in text -%}
+{%- set text = text.split('</think>')[-1].lstrip('\n') -%}
+{%- endif -%}
+{{- text -}}
+{%- else -%}
+{%- for part in message['content'] -%}
+{%- if part['type'] in ('image', 'image_url') -%}
+{{- '<|image_pad|>' -}}
+{%- elif part['type'] in ('video', 'video_url') -%}
+{{- '<|video_pad|>' -}}
+{%- elif part['type'] == 'text' -%}
+{{- part['text'] -}}
+{%- endif -%}
+{%- endfor -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- if enable_thinking -%}
+{{- '<think>\n' -}}
+{%- else -%}
+{{- '<think>\n\n</think>\n\n' -}}
+{%- endif -%}
+{%- endif -%}
+"""
+
+# A small bilingual corpus to train the byte-level BPE tokenizer on. Any text works; this keeps the
+# vocabulary plausible for the prompts used in tests and examples.
+TOKENIZER_CORPUS = """\
+You are a helpful assistant. Describe this image in one sentence. What is in the picture?
+Please calculate 23 x 47 step by step. The answer is 1081. Think carefully before answering.
+The quick brown fox jumps over the lazy dog. A red square on a white background, a blue circle.
+Hello, how are you today? I am fine, thank you. What is 2 + 3? It is 5. Count from one to ten.
+Explain why the sky is blue. Light scatters in the atmosphere; shorter wavelengths scatter more.
+请计算 23 × 47 = ?，写出详细步骤。请观察图片，分析这个物理现象的原因。你好，今天天气怎么样？
+这是一张图片。图中有一个红色的正方形。请用一句话描述这张图片。谢谢！我们来一步一步地思考。
+def add(a, b): return a + b  # Python code; numbers 0 1 2 3 4 5 6 7 8 9 10 100 1000 2026
+{"name": "get_weather", "arguments": {"city": "Beijing"}} <function=get_weather> </function>
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Shapes of one checkpoint preset. `full` mirrors the released MiniCPM-V 4.6 (FACTS §1, §3.7)."""
+
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    vision_intermediate: int
+    insert_layer_id: int
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    text_head_dim: int
+    text_intermediate: int
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_head_dim: int
+    vocab_size: int | None  # None: exactly the tokenizer's size
+    tie_word_embeddings: bool
+    output_scale: float  # multiplies the output layer's init: peaked next-token distributions
+
+
+PRESETS = {
+    # CPU kernels: linear-attention head dims must be 64 or 128; `insert_layer_id` must stay below
+    # the vision layer count or HF and vLLM silently disagree (FACTS §6).
+    "tiny": Preset(
+        vision_hidden=64, vision_layers=3, vision_heads=2, vision_intermediate=128, insert_layer_id=1,
+        text_hidden=64, text_layers=4, text_heads=2, text_kv_heads=1, text_head_dim=64,
+        text_intermediate=128, linear_key_heads=2, linear_value_heads=2, linear_head_dim=64,
+        vocab_size=None, tie_word_embeddings=False, output_scale=40.0,
+    ),
+    "full": Preset(
+        vision_hidden=1152, vision_layers=27, vision_heads=16, vision_intermediate=4304, insert_layer_id=6,
+        text_hidden=1024, text_layers=24, text_heads=8, text_kv_heads=2, text_head_dim=256,
+        text_intermediate=3584, linear_key_heads=16, linear_value_heads=16, linear_head_dim=128,
+        vocab_size=248094, tie_word_embeddings=True, output_scale=1.0,
+    ),
+}
+
+
+def build_tokenizer(out_dir: pathlib.Path):
+    """Train a deterministic byte-level BPE tokenizer and wrap it as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1024,
+        special_tokens=[text for text, _ in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(TOKENIZER_CORPUS.splitlines() * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        extra_special_tokens=[text for text, special in SPECIAL_TOKENS if special],
+        model_max_length=262144,
+        **TOKENIZER_ROLE_TOKENS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out_dir)
+    # Mark the thinking/tool markers non-special the way Qwen tokenizers do.
+    path = out_dir / "tokenizer.json"
+    data = json.loads(path.read_text())
+    nonspecial = {text for text, special in SPECIAL_TOKENS if not special}
+    for token in data["added_tokens"]:
+        if token["content"] in nonspecial:
+            token["special"] = False
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1))
+    return PreTrainedTokenizerFast.from_pretrained(out_dir)
+
+
+def build_config(preset: Preset, tokenizer):
+    from transformers import MiniCPMV4_6Config
+
+    ids = {text: tokenizer.convert_tokens_to_ids(text) for text, _ in SPECIAL_TOKENS}
+    vocab = preset.vocab_size or len(tokenizer)
+    layer_types = (["linear_attention"] * 3 + ["full_attention"]) * (preset.text_layers // 4)
+    text_config = {
+        "model_type": "qwen3_5_text",
+        "vocab_size": vocab,
+        "hidden_size": preset.text_hidden,
+        "intermediate_size": preset.text_intermediate,
+        "num_hidden_layers": preset.text_layers,
+        "num_attention_heads": preset.text_heads,
+        "num_key_value_heads": preset.text_kv_heads,
+        "head_dim": preset.text_head_dim,
+        "linear_num_key_heads": preset.linear_key_heads,
+        "linear_num_value_heads": preset.linear_value_heads,
+        "linear_key_head_dim": preset.linear_head_dim,
+        "linear_value_head_dim": preset.linear_head_dim,
+        "linear_conv_kernel_dim": 4,
+        "layer_types": layer_types,
+        "max_position_embeddings": 262144,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        "mamba_ssm_dtype": "float32",
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": preset.tie_word_embeddings,
+        "bos_token_id": None,
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "dtype": "bfloat16",
+    }
+    vision_config = {
+        "hidden_size": preset.vision_hidden,
+        "intermediate_size": preset.vision_intermediate,
+        "num_hidden_layers": preset.vision_layers,
+        "num_attention_heads": preset.vision_heads,
+        "image_size": 980,
+        "patch_size": 14,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+    }
+    return MiniCPMV4_6Config(
+        text_config=text_config,
+        vision_config=vision_config,
+        insert_layer_id=preset.insert_layer_id,
+        image_size=448,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        tie_word_embeddings=preset.tie_word_embeddings,
+        downsample_mode="16x",
+        architectures=["MiniCPMV4_6ForConditionalGeneration"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        dtype="bfloat16",
+    )
+
+
+def build_model(config, preset: Preset, seed: int):
+    import torch
+    from transformers import MiniCPMV4_6ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = MiniCPMV4_6ForConditionalGeneration(config)
+    with torch.no_grad():
+        # Norm weights of Qwen3.5 are stored as offsets from 1 and default to zeros; a small random
+        # perturbation of every parameter makes each one matter, so a corrupted or skipped tensor
+        # shows up in parity checks.
+        generator = torch.Generator().manual_seed(seed + 1)
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+        model.lm_head.weight.mul_(preset.output_scale)
+    return model.to(torch.bfloat16)
+
+
+def save_processor(out_dir: pathlib.Path, tokenizer) -> None:
+    from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6Processor, MiniCPMV4_6VideoProcessor
+
+    # The released model's defaults: 448 px base resolution, up to 9 slices, 16x downsampling.
+    processor = MiniCPMV4_6Processor(
+        image_processor=MiniCPMV4_6ImageProcessor(),
+        video_processor=MiniCPMV4_6VideoProcessor(),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(out_dir)
+
+
+def write_generation_config(out_dir: pathlib.Path, tokenizer) -> None:
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    config = {
+        "eos_token_id": stops,
+        "pad_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        "do_sample": True,
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+    }
+    (out_dir / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+README_TEXT = """# Random-weight MiniCPM-V 4.6 checkpoint ({preset})
+
+Generated by `minicpmv-make-checkpoint --preset {preset} --seed {seed}`.
+The weights are RANDOM: every answer this model gives is noise. It has the released model's
+architecture and parameter names so that the serving stack can be exercised without the real
+weights. To serve the real model, point MODEL_PATH at a download of OpenBMB/MiniCPM-V-4.6-Thinking.
+"""
+
+
+def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0) -> pathlib.Path:
+    """Write the checkpoint into `out_dir` (created; existing files are overwritten)."""
+    preset = PRESETS[preset_name]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    config = build_config(preset, tokenizer)
+    model = build_model(config, preset, seed)
+    model.save_pretrained(out_dir)
+    save_processor(out_dir, tokenizer)
+    write_generation_config(out_dir, tokenizer)
+    (out_dir / "README.md").write_text(README_TEXT.format(preset=preset_name, seed=seed))
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=pathlib.Path, help="directory to write the checkpoint into")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    generate(args.out_dir, args.preset, args.seed)
+    print(f"wrote random-weight MiniCPM-V 4.6 ({args.preset}, seed {args.seed}) to {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
