@@ -1,0 +1,128 @@
+"""Shared fixtures: one tiny random checkpoint and one real vLLM CPU server per test session.
+
+The server is started the way the container starts it: `python entrypoint.py` with settings from
+the environment. Every wait is bounded; a server that dies or hangs fails the tests that need it
+with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
+SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
+SERVER_STOP_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The parent environment minus any of the project's settings, plus `overrides`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MINICPMV_"))}
+    for name in ("MODEL_PATH", "CONFIG_FILE", "PORT", "HOST", "SERVED_MODEL_NAME", "API_KEY_FILE"):
+        env.pop(name, None)
+    env.update(overrides)
+    return env
+
+
+@dataclasses.dataclass
+class Server:
+    """A running vLLM server started through entrypoint.py."""
+
+    process: subprocess.Popen
+    port: int
+    model: str
+    log_path: pathlib.Path
+    env: dict[str, str]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S) -> float:
+        """Seconds until /v1/models lists the served model; fails with the log if it never does."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process.poll() is not None:
+                pytest.fail(f"server exited with {self.process.returncode} before ready:\n{self.log_tail()}")
+            try:
+                status, body = http_get(f"{self.base_url}/v1/models", timeout=2)
+                if status == 200 and self.model in {m["id"] for m in json.loads(body)["data"]}:
+                    return time.monotonic() - start
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"server not ready after {timeout} s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = SERVER_STOP_TIMEOUT_S) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def start_server(checkpoint: pathlib.Path, log_path: pathlib.Path, *args: str, **env: str) -> Server:
+    port = free_port()
+    server_env = clean_env(MODEL_PATH=str(checkpoint), PORT=str(port), **env)
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "entrypoint.py"), *args],
+        cwd=REPO,
+        env=server_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # signals from the terminal do not reach it; tests send their own
+    )
+    model = server_env.get("SERVED_MODEL_NAME", SERVED_MODEL_NAME)
+    return Server(process, port, model, log_path, {"PORT": str(port), "SERVED_MODEL_NAME": model})
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
+    from minicpmv_ascend.checkpoint import generate
+
+    return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_checkpoint, tmp_path_factory):
+    """The shared server for tests that only send requests (they must not stop or break it)."""
+    srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log")
+    try:
+        ready_s = srv.wait_ready()
+        print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
+        yield srv
+    finally:
+        srv.stop()

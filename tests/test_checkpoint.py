@@ -1,0 +1,98 @@
+"""The random-weight checkpoint generator: loadable by HF with no missing or unexpected weights,
+deterministic, peaked, released-model shapes for `full`, and a chat template that thinks by default."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+
+import pytest
+import torch
+from transformers import AutoProcessor, MiniCPMV4_6ForConditionalGeneration
+
+from minicpmv_ascend import checkpoint
+
+
+def sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_hf_loads_tiny_checkpoint_with_no_missing_or_unexpected_weights(tiny_checkpoint):
+    model, info = MiniCPMV4_6ForConditionalGeneration.from_pretrained(
+        tiny_checkpoint, output_loading_info=True, dtype=torch.float32
+    )
+    assert not info["missing_keys"]
+    assert not info["unexpected_keys"]
+    assert not info["mismatched_keys"]
+    # The names are the released model's: vision tower, its window merger, the merger MLP, the LM.
+    names = {name for name, _ in model.named_parameters()}
+    for prefix in ("model.vision_tower.encoder.layers.0.", "model.vision_tower.vit_merger.",
+                   "model.merger.", "model.language_model.layers.0.linear_attn.",
+                   "model.language_model.layers.3.self_attn.", "lm_head."):
+        assert any(name.startswith(prefix) for name in names), prefix
+
+
+def test_generation_is_deterministic_by_seed(tiny_checkpoint, tmp_path):
+    again = checkpoint.generate(tmp_path / "same", "tiny", seed=0)
+    other = checkpoint.generate(tmp_path / "other", "tiny", seed=1)
+    weights = "model.safetensors"
+    assert sha256(again / weights) == sha256(tiny_checkpoint / weights)
+    assert sha256(other / weights) != sha256(tiny_checkpoint / weights)
+    for name in ("config.json", "tokenizer.json", "processor_config.json", "generation_config.json"):
+        assert (again / name).read_text() == (tiny_checkpoint / name).read_text(), name
+
+
+def test_tiny_model_next_token_distribution_is_peaked(tiny_checkpoint):
+    """Accuracy checks need confident tokens: the top-1/top-2 log-prob gap must be large."""
+    model = MiniCPMV4_6ForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
+    ids = processor.tokenizer("Please calculate 23 x 47 step by step.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logprobs = model(input_ids=ids).logits.log_softmax(-1)[0]
+    top2 = logprobs.topk(2, dim=-1).values
+    gaps = top2[:, 0] - top2[:, 1]
+    assert gaps.median() > 0.5, f"median top-1/top-2 gap {gaps.median():.3f} nat: not peaked"
+
+
+def test_full_preset_has_the_released_model_shapes(tmp_path):
+    """Built on the meta device (no memory, no time): ~1.3B parameters, FACTS §1 / §3.7 shapes."""
+    tokenizer = checkpoint.build_tokenizer(tmp_path)
+    config = checkpoint.build_config(checkpoint.PRESETS["full"], tokenizer)
+    with torch.device("meta"):
+        model = MiniCPMV4_6ForConditionalGeneration(config)
+    params = dict(model.named_parameters())
+    assert 1.25e9 < sum(p.numel() for p in params.values()) < 1.35e9
+    assert params["model.language_model.embed_tokens.weight"].shape == (248094, 1024)
+    assert params["model.vision_tower.encoder.layers.26.self_attn.q_proj.weight"].shape == (1152, 1152)
+    assert "model.vision_tower.encoder.layers.27.self_attn.q_proj.weight" not in params
+    text = config.text_config
+    assert (text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (24, 8, 2, 256)
+    assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"] + text.layer_types[4:]
+    assert text.layer_types.count("full_attention") == 6
+    assert text.rope_parameters["partial_rotary_factor"] == 0.25
+    assert "mrope_section" not in text.rope_parameters  # the released config has plain RoPE
+
+
+def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_checkpoint):
+    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
+    on = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    off = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert on.endswith("<|im_start|>assistant\n<think>\n")
+    assert off.endswith("<think>\n\n</think>\n\n")
+    assert "<|image_pad|>Describe." in on
+
+
+def test_generation_config_stops_on_im_end(tiny_checkpoint):
+    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    stops = json.loads((tiny_checkpoint / "generation_config.json").read_text())["eos_token_id"]
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
+
+
+@pytest.mark.parametrize("token", ["<think>", "</think>", "<|image_pad|>", "<slice>", "<image_id>"])
+def test_special_tokens_are_single_tokens(tiny_checkpoint, token):
+    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    assert len(tokenizer(token, add_special_tokens=False).input_ids) == 1
