@@ -308,6 +308,8 @@ def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0) ->
     save_processor(out_dir, tokenizer)
     write_generation_config(out_dir, tokenizer)
     (out_dir / "README.md").write_text(README_TEXT.format(preset=preset_name, seed=seed))
+    for path in out_dir.iterdir():  # safetensors writes 0600: a non-root server could not read it
+        path.chmod(0o644)
     return out_dir
 
 
