@@ -93,9 +93,12 @@ class Server:
         return self.process.returncode
 
 
-def start_server(checkpoint: pathlib.Path, log_path: pathlib.Path, *args: str, **env: str) -> Server:
+def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args: str, **env: str) -> Server:
+    """Start entrypoint.py on a free port; `checkpoint=None` leaves MODEL_PATH unset (the default)."""
     port = free_port()
-    server_env = clean_env(MODEL_PATH=str(checkpoint), PORT=str(port), **env)
+    if checkpoint is not None:
+        env["MODEL_PATH"] = str(checkpoint)
+    server_env = clean_env(PORT=str(port), **env)
     log = log_path.open("w")
     process = subprocess.Popen(
         [sys.executable, str(REPO / "entrypoint.py"), *args],

@@ -1,0 +1,154 @@
+"""entrypoint.py through real subprocesses: dry run, fail-fast exit code 2, help, and the embedded
+checkpoint's atomic generation. (Starting vLLM for real is the end-to-end tests' job.)"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers_launcher import SECRET, launcher_env, run_entrypoint
+
+from minicpmv_ascend import settings
+from minicpmv_ascend.settings import SETTINGS
+
+FAST_FAIL_S = 30  # hang guard for errors found before vLLM is imported (measured ~0.3 s)
+VLLM_PARSER_FAIL_S = 90  # hang guard for errors found by vLLM's parser (imports vLLM: ~8-15 s)
+
+
+def _command_from(output: str) -> list[str]:
+    lines = output.splitlines()
+    return shlex.split(lines[lines.index("command:") + 1])
+
+
+def test_dry_run_shows_values_sources_and_the_command(tiny_checkpoint, tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("seed: 7\nport: 9000\n")
+    env = launcher_env(MODEL_PATH=str(tiny_checkpoint), PORT="18199", VLLM_API_KEY=SECRET)
+    env.pop("PYTHONPATH", None)  # the shim must find the package from a source checkout by itself
+    result, _ = run_entrypoint("--config", str(config), "--dry-run", "--max-model-len", "4096",
+                               "--disable-log-stats", env=env)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "dry run: nothing is started" in out
+    rows = {line.split("=")[0].strip(): line for line in out.splitlines() if line.startswith("  ") and " = " in line}
+    assert set(rows) >= {s.name for s in SETTINGS}
+    assert rows["port"].endswith("= 18199  [env PORT]")  # env beats YAML
+    assert rows["seed"].endswith(f"= 7  [yaml file {config}]")
+    assert rows["max_model_len"].endswith("= 4096  [cli flag --max-model-len]")
+    assert rows["served_model_name"].endswith("= minicpm-v-4.6-thinking  [default]")
+    assert rows["api_key"].endswith(f"= {settings.REDACTED}  [env VLLM_API_KEY]")
+    assert SECRET not in out + result.stderr
+    command = _command_from(out)
+    assert command[:5] == [sys.executable, "-m", "minicpmv_ascend.vllm_cli", "serve", str(tiny_checkpoint)]
+    assert command[command.index("--port") + 1] == "18199"
+    assert command[command.index("--max-model-len") + 1] == "4096"
+    assert command[-1] == "--disable-log-stats" and "--api-key" not in command
+    assert "HF_HUB_OFFLINE=1" in out and "VLLM_CPU_KVCACHE_SPACE=1" in out
+
+
+def test_dry_run_of_the_default_model_warns_and_generates_nothing(tmp_path):
+    env = launcher_env(MINICPMV_CACHE_DIR=str(tmp_path))
+    result, _ = run_entrypoint("--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "RANDOM-WEIGHT" in result.stdout and settings.REAL_MODEL_HINT in result.stdout
+    assert _command_from(result.stdout)[4] == str(tmp_path / settings.EMBEDDED_CHECKPOINT_NAME)
+    assert list(tmp_path.iterdir()) == []  # a dry run has no side effects
+
+
+def _a_file(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    return tmp_path / "file"
+
+
+def _bad_yaml(tmp_path):
+    (tmp_path / "bad.yaml").write_text("max_num_seq: 4\n")
+    return ["--config", str(tmp_path / "bad.yaml")], {}
+
+
+@pytest.mark.parametrize(
+    "case, key, words",
+    [
+        (lambda t: ([], {"PORT": "0"}), "port", "env PORT"),
+        (lambda t: ([], {"TENSOR_PARALLEL_SIZE": "3"}), "tensor_parallel_size", "[1, 2]"),
+        (lambda t: (["-tp", "2"], {}), "tensor_parallel_size", "-tp to 1 or less"),
+        (lambda t: ([], {"DTYPE": "float32"}), "dtype", "bfloat16"),
+        (lambda t: (["--max-model-len", "1000000"], {}), "max_model_len", "262144 or less"),
+        (lambda t: ([], {"MODEL_PATH": str(t / "absent")}), "model_path", "VLLM_USE_MODELSCOPE"),
+        (lambda t: ([], {"API_KEY_FILE": str(t / "absent")}), "api_key_file", "mount the secret"),
+        (_bad_yaml, "max_num_seq", "did you mean `max_num_seqs`?"),
+        (lambda t: (["--config"], {}), "config_file", "--config /path"),
+        (lambda t: ([], {"MODEL_PATH": "", "MINICPMV_CACHE_DIR": str(_a_file(t) / "cache")}), "cache_dir",
+         "MINICPMV_CACHE_DIR to a writable directory"),
+    ],
+)
+def test_bad_configuration_exits_2_fast(tiny_checkpoint, tmp_path, case, key, words):
+    args, env = case(tmp_path)
+    env = launcher_env(**{"MODEL_PATH": str(tiny_checkpoint), **env})
+    result, seconds = run_entrypoint(*args, env=env, timeout=FAST_FAIL_S * 2)
+    assert result.returncode == 2, result.stderr
+    assert f"configuration error in `{key}`" in result.stderr
+    assert words in result.stderr and "fix:" in result.stderr
+    assert result.stdout == "" and "APIServer" not in result.stderr  # vLLM never started
+    assert seconds < FAST_FAIL_S
+
+
+def test_unknown_vllm_flag_exits_2_before_vllm_starts(tiny_checkpoint):
+    env = launcher_env(MODEL_PATH=str(tiny_checkpoint))
+    result, seconds = run_entrypoint("--max-num-seqz", "4", "--api-keyy", SECRET, env=env,
+                                     timeout=VLLM_PARSER_FAIL_S * 2)
+    assert result.returncode == 2, result.stderr
+    assert "unrecognized arguments: --max-num-seqz 4 --api-keyy" in result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    assert "APIServer" not in result.stderr
+    assert seconds < VLLM_PARSER_FAIL_S
+
+
+def test_help_lists_every_setting():
+    result, _ = run_entrypoint("--help", env=launcher_env())
+    assert result.returncode == 0
+    for s in SETTINGS:
+        assert f"  {s.name} / {s.env}" in result.stdout
+
+
+def test_interrupted_generation_leaves_no_checkpoint(tmp_path):
+    """Kill a generation midway: no directory under the final name; the next start completes it."""
+    target = tmp_path / settings.EMBEDDED_CHECKPOINT_NAME
+    code = ("import pathlib, sys; from minicpmv_ascend.launcher import ensure_embedded_checkpoint; "
+            "ensure_embedded_checkpoint(pathlib.Path(sys.argv[1]))")
+    process = subprocess.Popen([sys.executable, "-c", code, str(target)], env=launcher_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    # Wait until the attempt has written part of a checkpoint (the tokenizer comes first).
+    while not list(tmp_path.glob(f".{target.name}.tmp-*/tokenizer.json")) and time.monotonic() < deadline:
+        assert process.poll() is None, "generation ended before it could be interrupted"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(30)
+    assert not target.exists()
+    assert list(tmp_path.glob(f".{target.name}.tmp-*"))  # the abandoned attempt is still there
+
+    subprocess.run([sys.executable, "-c", code, str(target)], env=launcher_env(), check=True,
+                   capture_output=True, timeout=300)
+    assert settings.checkpoint_problems(target) == []
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # the abandoned attempt is cleaned up
+
+
+@pytest.mark.parametrize("extra, env, imports_vllm", [
+    ([], {}, False),  # env/YAML-only start: vLLM parses the command itself after the exec
+    (["--disable-log-stats"], {}, True),  # a pass-through flag: checked here, redacted, exit 2
+    ([], {"REASONING_PARSER": "qwen3"}, True),  # a parser name only vLLM's registry can judge
+])
+def test_launcher_imports_vllms_parser_only_when_it_can_find_something(tiny_checkpoint, extra, env, imports_vllm):
+    """The start-up cost of vLLM's parser (~10 s) is paid only where it checks something."""
+    probe = ("import sys, os; from minicpmv_ascend import launcher; "
+             f"launcher.prepare({extra!r}, dict(os.environ)); "
+             "print('vllm.entrypoints' in ' '.join(sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=VLLM_PARSER_FAIL_S,
+                            env=launcher_env(MODEL_PATH=str(tiny_checkpoint), **env))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(imports_vllm)
