@@ -1,0 +1,52 @@
+"""The entrypoint as an orchestrator sees it: the embedded default, exec (no wrapper process),
+SIGTERM, and a bad setting failing fast. Each test owns its server; they stop or break it."""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO, clean_env, start_server
+
+
+def cmdline(pid: int) -> list[str]:
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
+def test_default_model_is_served_with_a_random_weights_warning_and_sigterm_exits_0(tmp_path):
+    """No MODEL_PATH: the launcher generates the embedded tiny checkpoint into the cache directory,
+    says loudly that its weights are random, then execs vLLM in its own process."""
+    cache = tmp_path / "cache"
+    srv = start_server(None, tmp_path / "server.log", MINICPMV_CACHE_DIR=str(cache))
+    try:
+        ready_s = srv.wait_ready()
+        print(f"default-model server ready in {ready_s:.1f} s")
+        log = srv.log_path.read_text()
+        assert "RANDOM" in log and "MODEL_PATH" in log, "the random-weights warning is missing"
+        assert any(cache.rglob("config.json")), "the embedded checkpoint was not generated in the cache dir"
+        # exec: the PID the orchestrator started is now vLLM's API server, not a wrapper around it.
+        args = cmdline(srv.process.pid)
+        assert "minicpmv_ascend.vllm_cli" in args and "serve" in args, args
+        started = time.monotonic()
+        assert srv.stop(signal.SIGTERM, timeout=60) == 0, srv.log_tail()
+        print(f"SIGTERM to exit: {time.monotonic() - started:.1f} s")
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_bad_setting_exits_2_before_vllm_starts(tiny_checkpoint):
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "entrypoint.py")],
+        cwd=REPO, env=clean_env(MODEL_PATH=str(tiny_checkpoint), MAX_MODEL_LEN="lots"),
+        capture_output=True, text=True, timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert "MAX_MODEL_LEN" in result.stderr or "max_model_len" in result.stderr
+    assert "lots" in result.stderr
+    assert "Starting vLLM" not in result.stdout + result.stderr
+    print(f"bad setting rejected in {elapsed:.1f} s")
