@@ -1,0 +1,49 @@
+"""The README tells the truth: its configuration table, its sample error and its commands."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO, clean_env
+
+from minicpmv_ascend import settings
+
+README = (REPO / "README.md").read_text()
+
+
+def test_configuration_table_is_the_generated_one():
+    start = README.index("<!-- settings-table:start")
+    end = README.index("<!-- settings-table:end -->")
+    table = README[README.index("\n", start) + 1:end].strip()
+    assert table == settings.markdown_table().strip(), (
+        "README's table is stale: paste `python -m minicpmv_ascend.settings --markdown`")
+
+
+def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_checkpoint):
+    sample = re.search(r"```text\n\$ MAX_MODEL_LEN=300000 python entrypoint.py\n(.*?)```", README, re.S)
+    assert sample, "the sample error block is missing from the README"
+    result = subprocess.run(
+        [sys.executable, "entrypoint.py"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=clean_env(MODEL_PATH=str(tiny_checkpoint), MAX_MODEL_LEN="300000"),
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == sample.group(1).strip()
+
+
+def test_quick_start_commands_exist():
+    makefile = (REPO / "Makefile").read_text()
+    for target in ("serve", "test"):
+        assert f"make {target}" in README
+        assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no {target} target"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make test" in ci
+
+
+def test_documented_probe_options_exist():
+    help_text = subprocess.run([sys.executable, "healthcheck/probe.py", "smoke", "--help"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30).stdout
+    section = README[README.index("## Health probes"):README.index("## Examples")]
+    for option in set(re.findall(r"`(--[a-z-]+)", section)):
+        assert option in help_text, f"README documents {option}, the probe does not have it"
