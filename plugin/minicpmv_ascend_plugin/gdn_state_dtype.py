@@ -1,0 +1,64 @@
+"""Gated DeltaNet recurrent state in the checkpoint's dtype (float32), not silently bf16.
+
+Bug: MiniCPM-V 4.6's text model is Qwen3.5 (Gated DeltaNet + attention). Its config sets
+`text_config.mamba_ssm_dtype = "float32"`, and vLLM's `Qwen3_5ForConditionalGenerationConfig`
+hook (vllm/model_executor/models/config.py) turns that into `--mamba-ssm-cache-dtype` for
+Qwen3.5 architectures, but `MODELS_CONFIG_MAP` has no entry for
+`MiniCPMV4_6ForConditionalGeneration` (vLLM 0.23 through 0.33): with the default `auto` the
+recurrent state silently follows the model dtype (bf16).
+
+Fix: the same rule for MiniCPM-V 4.6, applied only while the setting is `auto` (an explicit
+`--mamba-ssm-cache-dtype`, which this project's launcher always passes, is never changed), with
+float32 when the checkpoint does not say.
+
+Applies when: vLLM has no config hook of its own for the architecture (if one appears later,
+it runs first, and this one only acts if the setting is still `auto` after it).
+Delete when: vLLM's MODELS_CONFIG_MAP maps MiniCPMV4_6ForConditionalGeneration to a hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import config_hook
+from ._base import AT_REGISTER, Patch, emit
+
+NAME = "gdn-state-dtype"
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT = "float32"
+
+
+def state_dtype(text_config: Any) -> str:
+    declared = getattr(text_config, "mamba_ssm_dtype", None)
+    return declared if declared in DTYPES else DEFAULT
+
+
+def hook(vllm_config: Any) -> None:
+    cache_config = vllm_config.cache_config
+    if cache_config.mamba_ssm_cache_dtype != "auto":
+        return
+    dtype = state_dtype(vllm_config.model_config.hf_text_config)
+    cache_config.mamba_ssm_cache_dtype = dtype
+    emit(f"minicpmv_ascend_plugin: mamba_ssm_cache_dtype auto -> {dtype} (the checkpoint's "
+         "text_config.mamba_ssm_dtype, default float32)")
+
+
+def check(_: Any) -> str | None:
+    if config_hook.upstream_has_entry():
+        return "vLLM has its own config hook for MiniCPM-V 4.6 (MODELS_CONFIG_MAP)"
+    return None
+
+
+def apply(_: Any) -> None:
+    config_hook.add(NAME, hook)
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="Gated DeltaNet state dtype from the checkpoint (float32) when --mamba-ssm-cache-dtype is auto",
+    upstream="vLLM applies Qwen3_5ForConditionalGenerationConfig to Qwen3.5 architectures only "
+    "(vllm/model_executor/models/config.py, 0.23-0.33)",
+    check=check,
+    apply=apply,
+)

@@ -1,0 +1,85 @@
+"""Backport: a per-request `max_slice_nums` is honoured when building image placeholders.
+
+Bug (vLLM 0.23): `mm_processor_kwargs: {"max_slice_nums": N}` reaches transformers' image
+processor (the image is cut into at most N slices), but `_get_prompt_updates` builds the
+placeholder text with the processor default (9): the placeholder count no longer matches the
+vision embeddings (e.g. 1084x820 with max_slice_nums=2: 183 embeddings, 441 placeholders) and the
+request fails.
+
+Upstream fix (vLLM >= 0.32, absent in 0.25.1): `_resolve_max_slice_nums` reads it per request and
+`get_image_prompt_texts(..., max_slice_nums=)` passes it to the placeholder. This module does the
+same without rewriting vLLM's replacement closure: it wraps each image replacement of a request
+that sets `max_slice_nums` so that `get_slice_image_placeholder` sees that value. Only the flat
+key is read, because that is the one 0.23's `process_images` hands to the image processor.
+Videos keep the video processor's own slice limit, as in vLLM (both before and after the fix).
+
+Applies when: `MiniCPMV4_6MultiModalProcessor.get_image_prompt_texts` takes no `max_slice_nums`.
+Delete when: the image's vLLM is >= 0.32.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+from types import ModuleType
+from typing import Any
+
+from ._base import AT_MODEL_IMPORT, Patch
+
+NAME = "max-slice-nums"
+_REQUEST_MAX_SLICE_NUMS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "minicpmv_ascend_plugin_max_slice_nums", default=None)
+
+
+def check(module: ModuleType) -> str | None:
+    processor = module.MiniCPMV4_6MultiModalProcessor
+    if "max_slice_nums" in inspect.signature(processor.get_image_prompt_texts).parameters:
+        return "vLLM passes a per-request max_slice_nums to the image placeholder (vLLM >= 0.32)"
+    return None
+
+
+def apply(module: ModuleType) -> None:
+    processor_cls = module.MiniCPMV4_6MultiModalProcessor
+    info_cls = module.MiniCPMV4_6ProcessingInfo
+    original_updates = processor_cls._get_prompt_updates
+    original_placeholder = info_cls.get_slice_image_placeholder
+
+    def with_request_limit(replacement: Any, limit: int) -> Any:
+        def replace(item_idx: int) -> Any:
+            token = _REQUEST_MAX_SLICE_NUMS.set(limit)
+            try:
+                return replacement(item_idx)
+            finally:
+                _REQUEST_MAX_SLICE_NUMS.reset(token)
+        return replace
+
+    def _get_prompt_updates(self: Any, mm_items: Any, hf_processor_mm_kwargs: Any, *args: Any, **kwargs: Any) -> Any:
+        updates = original_updates(self, mm_items, hf_processor_mm_kwargs, *args, **kwargs)
+        limit = hf_processor_mm_kwargs.get("max_slice_nums")
+        if limit is None:
+            return updates
+        return [
+            dataclasses.replace(u, replacement=with_request_limit(u.replacement, int(limit)))
+            if u.modality == "image" and callable(u.replacement) else u
+            for u in updates
+        ]
+
+    def get_slice_image_placeholder(self: Any, image_size: Any, image_idx: int = 0,
+                                    max_slice_nums: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        if max_slice_nums is None:
+            max_slice_nums = _REQUEST_MAX_SLICE_NUMS.get()
+        return original_placeholder(self, image_size, image_idx, max_slice_nums, *args, **kwargs)
+
+    processor_cls._get_prompt_updates = _get_prompt_updates
+    info_cls.get_slice_image_placeholder = get_slice_image_placeholder
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_MODEL_IMPORT,
+    summary="per-request mm_processor_kwargs max_slice_nums used for the image placeholders too",
+    upstream="vLLM >= 0.32 minicpmv4_6.py (_resolve_max_slice_nums); absent in 0.25.1",
+    check=check,
+    apply=apply,
+)

@@ -1,0 +1,61 @@
+"""Backport: MiniCPM-V 4.6 uses transformers' own processor, not the vendored pre-4.6 one.
+
+Bug (vLLM 0.23): `MiniCPMV4_6ProcessingInfo` inherits `MiniCPMVProcessingInfo.get_hf_processor`,
+which wraps the processor in vLLM's vendored `MiniCPMVProcessor`; its `__init__` reads
+`image_processor.version`, which `MiniCPMV4_6ImageProcessor` does not have:
+`AttributeError: 'MiniCPMV4_6ImageProcessor' object has no attribute 'version'` on the first
+image, and already while vLLM builds its dummy inputs for memory profiling (the server does not
+start). Reported as vllm-project/vllm-ascend#13491.
+
+Upstream fix: vllm-project/vllm#44980 (in vLLM 0.24.0): `MiniCPMV4_6ProcessingInfo` defines its
+own `get_hf_processor` returning the native `MiniCPMV4_6Processor` (with the same ndarray ->
+list normalisation of the image mean/std). This module adds exactly that method.
+
+Applies when: `MiniCPMV4_6ProcessingInfo` does not define `get_hf_processor` itself.
+Delete when: the image's vLLM is >= 0.24.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ._base import AT_MODEL_IMPORT, Patch
+
+NAME = "processor-version"
+
+
+def get_hf_processor(self: Any, **kwargs: object) -> Any:
+    """MiniCPM-V 4.6: the native transformers processor (backport of vLLM #44980)."""
+    import numpy as np
+
+    hf_processor = self.ctx.get_hf_processor(**kwargs)
+    image_processor = getattr(hf_processor, "image_processor", None)
+    if image_processor is not None:
+        # transformers' image transforms accept sequences, not ndarrays (as vLLM does for 4.5).
+        for attr in ("mean", "std", "image_mean", "image_std"):
+            value = getattr(image_processor, attr, None)
+            if isinstance(value, np.ndarray):
+                setattr(image_processor, attr, value.tolist())
+    return hf_processor
+
+
+def check(module: ModuleType) -> str | None:
+    info = module.MiniCPMV4_6ProcessingInfo
+    if "get_hf_processor" in vars(info):
+        return "MiniCPMV4_6ProcessingInfo returns the native processor (vLLM #44980, >= 0.24)"
+    return None
+
+
+def apply(module: ModuleType) -> None:
+    module.MiniCPMV4_6ProcessingInfo.get_hf_processor = get_hf_processor
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_MODEL_IMPORT,
+    summary="native MiniCPMV4_6Processor instead of the vendored one that reads image_processor.version",
+    upstream="vllm-project/vllm#44980 (vLLM >= 0.24.0); vllm-project/vllm-ascend#13491",
+    check=check,
+    apply=apply,
+)

@@ -1,0 +1,121 @@
+"""Ascend A2/A3: give the text config an `mrope_section`, so vllm-ascend's fused Qwen3.5 path works.
+
+Bug (vllm-ascend, not vLLM): `vllm_ascend/patch/worker/patch_qwen3_5.py` (imported on every SoC
+but 310P) replaces Qwen3.5's attention forward with a fused q/k-norm + M-RoPE Triton kernel for
+every model whose text `model_type` contains "qwen3_5" and reads `rotary_emb.mrope_section`.
+MiniCPM-V 4.6's text model is Qwen3.5 with plain RoPE (`rope_parameters = {rope_type: default,
+rope_theta: 1e7, partial_rotary_factor: 0.25}`), so vLLM builds a plain rotary embedding and the
+first forward dies: `AttributeError: 'AscendRotaryEmbedding' object has no attribute
+'mrope_section'`. Upstream fix: vllm-ascend PR #12428 (an isinstance guard), unmerged at
+v0.25.1rc1.
+
+Fix (no code patch): add `mrope_section` + `mrope_interleaved: true` to the TEXT config's
+`rope_parameters` (a top-level override turns M-RoPE positions on but keeps the plain rotary and
+still crashes). vLLM then builds an M-RoPE rotary embedding and feeds it 3 position rows, which
+MiniCPM-V 4.6 makes identical (`get_mrope_input_positions`), so every frequency gets the same
+position whatever section it falls in: mathematically the plain RoPE. The section is derived
+from the config: rotary_dim = head_dim * partial_rotary_factor, split in 3 like Qwen3.5's
+[11, 11, 10] for the released model (head_dim 256, factor 0.25 -> 32 frequency pairs). That is
+the configuration of Qwen3.5-0.8B, whose path vllm-ascend's CI runs. It is the same as
+`--hf-overrides '{"text_config":{"rope_parameters":{"mrope_section":[11,11,10],
+"mrope_interleaved":true}}}'`, done by a config hook so that no launcher flag is needed.
+
+Applies when: vLLM's platform is Ascend, the build is not 310P, and vllm-ascend's
+patch_qwen3_5.py lacks the #12428 guard; at config time only if the text config has no
+`mrope_section` of its own and uses the default rope type.
+Delete when: the vllm-ascend release in the image contains PR #12428.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from . import config_hook
+from ._base import AT_REGISTER, Patch, ascend_device_type, emit, package_dir, platform_name
+
+NAME = "rotary-mrope"
+FORCE_ENV = "MINICPMV_ASCEND_PLUGIN_FORCE"
+GUARD = re.compile(r"isinstance\(\s*self\.rotary_emb\s*,\s*\w*MRotaryEmbedding\s*\)")
+
+
+def forced() -> bool:
+    return NAME in {n.strip() for n in os.environ.get(FORCE_ENV, "").split(",")}
+
+
+def rotary_pairs(text_config: Any) -> int:
+    """Frequency pairs of the rotary embedding vLLM's `get_rope` builds for this text config."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    head_dim = getattr(text_config, "head_dim", None) or (
+        text_config.hidden_size // text_config.num_attention_heads)
+    rotary_dim = rope.get("rope_dim") or int(
+        head_dim * rope.get("partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)))
+    return int(rotary_dim) // 2
+
+
+def section_for(pairs: int) -> list[int]:
+    """Split `pairs` frequencies into Qwen3.5-style (t, h, w) sections: 32 -> [11, 11, 10]."""
+    if pairs < 3:
+        raise ValueError(f"{pairs} rotary frequency pairs cannot be split into 3 M-RoPE sections")
+    first = -(-pairs // 3)
+    rest = pairs - 2 * first
+    return [first, first, rest] if rest >= 1 else [pairs - 2, 1, 1]
+
+
+def overrides(text_config: Any) -> dict[str, Any] | None:
+    """The `--hf-overrides` equivalent for this text config; None if it needs none."""
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    if "mrope_section" in rope or rope.get("rope_type", "default") != "default":
+        return None
+    section = section_for(rotary_pairs(text_config))
+    return {"text_config": {"rope_parameters": {"mrope_section": section, "mrope_interleaved": True}}}
+
+
+def hook(vllm_config: Any) -> None:
+    text_config = vllm_config.model_config.hf_text_config
+    change = overrides(text_config)
+    if change is None:
+        return
+    rope = dict(getattr(text_config, "rope_parameters", None) or {})
+    text_config.rope_parameters = {**rope, **change["text_config"]["rope_parameters"]}
+    emit(f"minicpmv_ascend_plugin: text_config.rope_parameters += {change['text_config']['rope_parameters']} "
+         "(the same RoPE: MiniCPM-V 4.6's three M-RoPE position rows are identical)")
+
+
+def ascend_guard_present() -> bool:
+    root = package_dir("vllm_ascend")
+    path = root / "patch" / "worker" / "patch_qwen3_5.py" if root else None
+    try:
+        return bool(path and GUARD.search(path.read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
+def check(_: Any) -> str | None:
+    if forced():
+        return None
+    platform = platform_name()
+    if platform != "npu":
+        return f"platform {platform} is not Ascend"
+    device = ascend_device_type()
+    if device == "_310P":
+        return "310P: vllm-ascend does not use its fused Qwen3.5 M-RoPE path there"
+    if ascend_guard_present():
+        return "vllm-ascend's patch_qwen3_5.py has the M-RoPE isinstance guard (PR #12428)"
+    return None
+
+
+def apply(_: Any) -> None:
+    config_hook.add(NAME, hook)
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="M-RoPE section in text_config.rope_parameters (identical rows: same RoPE) for "
+    "vllm-ascend's fused Qwen3.5 kernel",
+    upstream="vllm-project/vllm-ascend#12428 (unmerged at v0.25.1rc1)",
+    check=check,
+    apply=apply,
+)

@@ -1,0 +1,219 @@
+"""vLLM 0.23.0's own MiniCPM-V 4.6 code, driven on a CPU, with or without this plugin's patches.
+
+What runs is vLLM 0.23.0's real code: its `ModelConfig`, the multimodal processor it builds
+(`MULTIMODAL_REGISTRY.create_processor`), `processor.apply()` / `_get_prompt_updates()`, its
+encoder batching (`group_and_batch_mm_kwargs`) and the model's `embed_multimodal()` running its
+vision tower. Two things differ from a server, both forced by the CPU: vLLM 0.23's compiled ops are
+CUDA builds (the platform is "unspecified"), so no server and no language model can start
+(`Qwen3_5` GDN layers ask the platform for a device it does not have); the vision tower is
+therefore built from vLLM 0.23's own classes with the arguments its `__init__` uses, and random
+weights (the tests compare shapes and batch-invariance, not answers).
+
+The plugin patches class attributes. `Vllm023.restore()` puts vLLM's originals back, so each test
+states which patches it wants (`apply(...)`), exactly as the plugin would apply them.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import tempfile
+from collections.abc import Iterable
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+
+
+def ensure_vllm023() -> None:
+    import vllm
+
+    if not str(vllm.__version__).startswith("0.23."):
+        raise RuntimeError(f"plugin/tests run against vLLM 0.23.x (`make venv-vllm023`), not {vllm.__version__}")
+
+
+class Vllm023:
+    """vLLM 0.23's MiniCPM-V 4.6 processor (and, on demand, vision tower) for one checkpoint."""
+
+    def __init__(self, checkpoint: pathlib.Path) -> None:
+        ensure_vllm023()
+        # The plugin must not be loaded behind the tests' back: they apply patches themselves.
+        os.environ["VLLM_PLUGINS"] = ""
+        from vllm.config import ModelConfig
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        import vllm.model_executor.models.minicpmv4_6 as module
+
+        self.module = module
+        self.classes = (module.MiniCPMV4_6ProcessingInfo, module.MiniCPMV4_6MultiModalProcessor,
+                        module.MiniCPMV4_6ForConditionalGeneration)
+        self._originals = {cls: dict(vars(cls)) for cls in self.classes}
+        self.model_config = ModelConfig(
+            model=str(checkpoint), tokenizer=str(checkpoint), dtype="bfloat16", max_model_len=16384,
+            mm_processor_cache_gb=0, limit_mm_per_prompt={"image": 4, "video": 2})
+        self.processor = MULTIMODAL_REGISTRY.create_processor(self.model_config)
+        self.tokenizer = self.processor.info.get_tokenizer()
+        self.image_pad_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.video_pad_id = self.tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        self._model: Any = None
+
+    # -- patches ------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """vLLM 0.23's classes exactly as vLLM defines them."""
+        for cls, original in self._originals.items():
+            for name in [n for n in vars(cls) if n not in original]:
+                delattr(cls, name)
+            for name, value in original.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
+
+    def apply(self, *names: str, **options: Any) -> None:
+        """Apply the named model backports (after restoring vLLM's originals)."""
+        import minicpmv_ascend_plugin as plugin
+
+        self.restore()
+        by_name = {p.name: p for p in plugin.PATCHES}
+        for name in names:
+            if name == "image-size-order" and "plan" in options:
+                plugin.image_size_order.apply_plan(self.module, options["plan"])
+            else:
+                by_name[name].apply(self.module)
+
+    # -- processing ---------------------------------------------------------------------------
+
+    def process(self, prompt: str, images: Iterable[Any] = (), videos: Iterable[Any] = (),
+                **mm_kwargs: Any) -> dict[str, Any]:
+        """vLLM's full multimodal processing of one request (HF image processor included)."""
+        from vllm.multimodal.processing.context import TimingContext
+        from vllm.multimodal.processing.inputs import ProcessorInputs
+
+        data: dict[str, list[Any]] = {}
+        if images:
+            data["image"] = list(images)
+        if videos:
+            data["video"] = list(videos)
+        items = self.processor.info.parse_mm_data(data)
+        return self.processor.apply(ProcessorInputs(prompt, items, hf_processor_mm_kwargs=mm_kwargs),
+                                    TimingContext(enabled=False))
+
+    def image_placeholder(self, width: int, height: int, **mm_kwargs: Any) -> str:
+        """The text vLLM replaces one image's `<|image_pad|>` with: `_get_prompt_updates()` and its
+        image replacement, as `apply()` calls them, without processing the pixels."""
+        import torch
+
+        items = self.processor.info.parse_mm_data({"image": [torch.empty(3, height, width, dtype=torch.uint8)]})
+        updates = self.processor._get_prompt_updates(items, mm_kwargs, {})
+        update = next(u for u in updates if u.modality == "image")
+        details = update.replacement(0)
+        return details.full if hasattr(details, "full") else details
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    # -- vision tower ---------------------------------------------------------------------------
+
+    def model(self) -> Any:
+        """MiniCPMV4_6ForConditionalGeneration with vLLM 0.23's vision tower (random weights)."""
+        if self._model is None:
+            self._model = self._build_vision_model()
+        return self._model
+
+    def _build_vision_model(self) -> Any:
+        import torch
+        from torch import nn
+        from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+        from vllm.distributed import init_distributed_environment, initialize_model_parallel
+        from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTransformer
+
+        m = self.module
+        vllm_config = VllmConfig(model_config=self.model_config, device_config=DeviceConfig(device="cpu"))
+        config = self.model_config.hf_config
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{tempfile.mktemp()}")
+            initialize_model_parallel(1, 1)
+            model = m.MiniCPMV4_6ForConditionalGeneration.__new__(m.MiniCPMV4_6ForConditionalGeneration)
+            nn.Module.__init__(model)
+            model.config = config
+            # The vision half of MiniCPMV4_6ForConditionalGeneration.__init__ (vLLM 0.23.0).
+            model.vpm = Idefics2VisionTransformer(config.vision_config, quant_config=None,
+                                                  apply_encoder_attention_mask=True, prefix="vpm")
+            if config.drop_vision_last_layer:
+                model.vpm.encoder.layers = model.vpm.encoder.layers[:-1]
+            model.vit_merger = m.MiniCPMV4_6ViTWindowAttentionMerger(config.vision_config, quant_config=None,
+                                                                     prefix="vit_merger")
+            model.merger = m.MiniCPMV4_6Merger(hidden_size=config.vision_config.hidden_size,
+                                               llm_embed_dim=config.text_config.hidden_size)
+            generator = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        return model.eval()
+
+    def embed(self, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """Encode the items of several processed requests as ONE encoder batch, the way the model
+        runner does (`group_and_batch_mm_kwargs` -> `embed_multimodal`); one tensor per item."""
+        import torch
+        from vllm.multimodal.utils import group_and_batch_mm_kwargs
+
+        items = [(modality, item) for modality, out in requests for item in out["mm_kwargs"][modality]]
+        outputs: list[Any] = []
+        with torch.no_grad():
+            for _, _, batch in group_and_batch_mm_kwargs(items, device="cpu"):
+                outputs.extend(self.model().embed_multimodal(**batch))
+        return outputs
+
+
+def placeholder_lengths(out: dict[str, Any], modality: str) -> list[int]:
+    """Embedding slots vLLM reserved in the prompt for each item (what the encoder must fill)."""
+    return [int(p.is_embed.sum()) if p.is_embed is not None else p.length
+            for p in out["mm_placeholders"][modality]]
+
+
+def hf_processor(checkpoint: pathlib.Path, sizing_only: bool = False) -> Any:
+    """transformers' own MiniCPMV4_6Processor for the checkpoint.
+
+    `sizing_only`: its image processor does every step of transformers' `_preprocess` (grid
+    choice, resize targets, slicing, target sizes) on shape-only "meta" tensors instead of pixels,
+    so placeholders come ~20x faster; tests check it gives the same ids as the stock processor.
+    """
+    import torch
+    from transformers import AutoProcessor
+    from transformers.models.minicpmv4_6.image_processing_minicpmv4_6 import MiniCPMV4_6ImageProcessor
+
+    processor = AutoProcessor.from_pretrained(checkpoint)
+    if not sizing_only:
+        return processor
+
+    class SizingOnlyImageProcessor(MiniCPMV4_6ImageProcessor):
+        def resize(self, image: Any, size: Any, *args: Any, **kwargs: Any) -> Any:
+            return torch.empty(*image.shape[:-2], size.height, size.width, device="meta")
+
+        def reshape_by_patch(self, image: Any, patch_size: int) -> Any:
+            channels, height, width = image.shape
+            return torch.empty(channels, patch_size, height * width // patch_size, device="meta")
+
+    settings = processor.image_processor.to_dict()
+    settings.pop("image_processor_type", None)
+    processor.image_processor = SizingOnlyImageProcessor(**settings)
+    return processor
+
+
+def hf_image_ids(processor: Any, width: int, height: int, **kwargs: Any) -> list[int]:
+    """Token ids transformers' processor gives the text `<|image_pad|>` with one image."""
+    import torch
+
+    image = torch.empty(3, height, width, dtype=torch.uint8)
+    return processor(text=IMAGE_PAD, images=[image], **kwargs)["input_ids"][0].tolist()
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
+    """Run `code` with this venv's python (a fresh vLLM process); returns CompletedProcess."""
+    import subprocess
+
+    full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS",) and not k.startswith("MINICPMV_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=REPO)

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Check this project's vLLM plugin on an installation, then send one text and one image request.
+
+For users with an Ascend NPU: run it inside the serving container (same Python, same vLLM and
+vllm-ascend as the server), while the server runs:
+
+    python scripts/ascend_check.py --base-url http://127.0.0.1:8000 [--model NAME] [--api-key KEY]
+
+Part 1 loads vLLM's general plugins the way vLLM does and imports vLLM's MiniCPM-V 4.6 module, so
+every patch is decided exactly as in the server's processes; it prints the platform and, per
+patch, applied/skipped and why. Part 2 (skipped with --no-requests) sends a text and an image
+chat request (the image is drawn here: no network needed) and prints what came back.
+
+Output (stable, tested on the CPU stack):
+    platform: <vLLM platform> (<Ascend device type or ->), vLLM <v>, vllm-ascend <v or ->, transformers <v>, torch <v>
+    plugin: minicpmv_ascend_plugin <v>
+    patch <name>: applied|skipped - <reason or what it does>
+    request text: ok|FAILED - <details>
+    request image: ok|FAILED - <details>
+    result: ok|FAILED
+Exit status: 0 when everything asked for worked, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def installation() -> str:
+    from minicpmv_ascend_plugin._base import ascend_device_type, dist_version, platform_name, vllm_version
+
+    ascend = dist_version("vllm-ascend", "vllm_ascend") or "-"
+    return (f"platform: {platform_name()} ({ascend_device_type() or '-'}), vLLM {vllm_version()}, "
+            f"vllm-ascend {ascend}, transformers {dist_version('transformers') or '-'}, "
+            f"torch {dist_version('torch') or '-'}")
+
+
+def patch_lines() -> list[str]:
+    from vllm.plugins import load_general_plugins
+
+    import minicpmv_ascend_plugin as plugin
+
+    load_general_plugins()  # as every vLLM process does (the plugin's entry point included)
+    lines = [f"plugin: minicpmv_ascend_plugin {plugin.__version__}"
+             + (" (disabled by MINICPMV_ASCEND_PLUGIN)" if plugin.disabled() else "")]
+    for row in plugin.report(import_model=True):
+        detail = row["summary"] if row["status"] == "applied" else row["reason"]
+        lines.append(f"patch {row['name']}: {row['status']} - {detail}")
+    return lines
+
+
+def test_image_png() -> bytes:
+    """A 448x336 picture: red square and blue disc on white, made here (no network, no files)."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (448, 336), "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((40, 60, 200, 220), fill=(220, 30, 30))
+    draw.ellipse((250, 80, 410, 240), fill=(30, 60, 220))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def post(base_url: str, path: str, body: dict[str, Any] | None, api_key: str | None, timeout: float) -> Any:
+    request = urllib.request.Request(base_url.rstrip("/") + path, method="POST" if body is not None else "GET",
+                                     data=None if body is None else json.dumps(body).encode())
+    request.add_header("Content-Type", "application/json")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def chat(base_url: str, model: str, content: Any, api_key: str | None, timeout: float) -> str:
+    started = time.monotonic()
+    reply = post(base_url, "/v1/chat/completions", {
+        "model": model, "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    }, api_key, timeout)
+    message = reply["choices"][0]["message"]
+    usage = reply.get("usage") or {}
+    text = (message.get("content") or "") + (message.get("reasoning_content") or message.get("reasoning") or "")
+    return (f"{usage.get('prompt_tokens', '?')} prompt + {usage.get('completion_tokens', '?')} completion tokens "
+            f"in {time.monotonic() - started:.1f} s, finish_reason {reply['choices'][0].get('finish_reason')}, "
+            f"text {json.dumps(text[:60])}")
+
+
+def request_lines(base_url: str, model: str | None, api_key: str | None, timeout: float) -> tuple[list[str], bool]:
+    lines, ok = [], True
+    try:
+        served = [m["id"] for m in post(base_url, "/v1/models", None, api_key, timeout)["data"]]
+        model = model or served[0]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        return [f"request text: FAILED - cannot list models at {base_url}: {error}",
+                f"request image: FAILED - cannot list models at {base_url}"], False
+    image_url = "data:image/png;base64," + base64.b64encode(test_image_png()).decode()
+    requests = {
+        "text": "What is 2 + 3? Answer with one number.",
+        "image": [{"type": "image_url", "image_url": {"url": image_url}},
+                  {"type": "text", "text": "What shapes and colours are in this image?"}],
+    }
+    for name, content in requests.items():
+        try:
+            lines.append(f"request {name}: ok - {chat(base_url, model, content, api_key, timeout)}")
+        except urllib.error.HTTPError as error:
+            ok = False
+            lines.append(f"request {name}: FAILED - HTTP {error.code}: {error.read()[:300]!r}")
+        except (OSError, ValueError, KeyError, IndexError) as error:
+            ok = False
+            lines.append(f"request {name}: FAILED - {type(error).__name__}: {error}")
+    return lines, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", default=os.environ.get("BASE_URL", "http://127.0.0.1:8000"),
+                        help="the running server (default %(default)s)")
+    parser.add_argument("--model", default=None, help="served model name (default: the first one listed)")
+    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="default: env VLLM_API_KEY")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per request (default %(default)s)")
+    parser.add_argument("--no-requests", action="store_true", help="only report the patches")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: this report only
+    print(installation(), flush=True)
+    ok = True
+    try:
+        lines = patch_lines()
+    except Exception as error:  # noqa: BLE001 - report, e.g. the plugin's transformers check
+        lines, ok = [f"plugin: FAILED - {type(error).__name__}: {error}"], False
+    for line in lines:
+        print(line, flush=True)
+    if not args.no_requests:
+        lines, requests_ok = request_lines(args.base_url, args.model, args.api_key, args.timeout)
+        ok = ok and requests_ok
+        for line in lines:
+            print(line, flush=True)
+    print(f"result: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

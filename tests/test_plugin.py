@@ -1,0 +1,187 @@
+"""The vLLM plugin (plugin/minicpmv_ascend_plugin) on the project's vLLM CPU stack (vLLM 0.32).
+
+Here vLLM has every upstream fix, so the plugin must load in each vLLM process and apply no
+backport; the Ascend RoPE config it would apply on an NPU must be an exact no-op; its reasoning
+parser table must be vLLM 0.32's own `minicpmv` behaviour; and the check script for NPU users
+must work. The backports themselves are tested against vLLM 0.23.0's own code in plugin/tests
+(`make test` runs them in .venv-vllm023).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, clean_env
+
+sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
+
+import reasoning_harness  # noqa: E402
+
+BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
+LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
+REGISTER = re.compile(
+    r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "
+    r"applied: gdn-state-dtype; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
+    r"rotary-mrope \(platform cpu is not Ascend\); decided when vLLM imports minicpmv4_6: "
+    + ", ".join(BACKPORTS) + "$")
+MODEL_IMPORT = re.compile(
+    r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: none; skipped: "
+    + ", ".join(rf"{name} \([^;]+\)" for name in BACKPORTS) + "$")
+
+
+@pytest.mark.server
+def test_plugin_loads_in_every_vllm_process_and_applies_no_backport(server):
+    lines = [m.groupdict() for line in server.log_path.read_text(errors="replace").splitlines()
+             if (m := LOG_LINE.match(line))]
+    processes: dict[str, set[str]] = {}  # pid -> vLLM's names for it
+    registered: dict[str, list[str]] = {}
+    model_imports: dict[str, list[str]] = {}
+    for line in lines:
+        processes.setdefault(line["pid"], set()).add(line["process"])
+        if line["message"].startswith("minicpmv_ascend_plugin: minicpmv4_6 imported"):
+            model_imports.setdefault(line["pid"], []).append(line["message"])
+        elif REGISTER.match(line["message"]):
+            registered.setdefault(line["pid"], []).append(line["message"])
+        else:
+            pytest.fail(f"unexpected plugin line: {line}")
+    names = {name for pid in registered for name in processes[pid]}
+    assert {"APIServer", "EngineCore"} <= names, (names, lines)
+    assert all(len(v) == 1 for v in registered.values()), registered  # once per process
+    assert set(model_imports) <= set(registered)
+    for messages in model_imports.values():
+        assert len(messages) == 1 and MODEL_IMPORT.match(messages[0]), messages
+    # Every process that loaded vLLM's MiniCPM-V module (API server for the processor, engine
+    # core / worker for the model) decided the backports: none applies on vLLM 0.32.
+    assert {name for pid in model_imports for name in processes[pid]} & {"APIServer"}
+    assert {name for pid in model_imports for name in processes[pid]} & {"EngineCore", "Worker", "VllmWorker-0"}
+
+
+ROTARY_RUN = textwrap.dedent('''
+    """Greedy text + image generations with prompt logprobs: plain RoPE, then the plugin's Ascend
+    M-RoPE config (installed by the plugin's own hook, as register() does on Ascend A2/A3)."""
+    import gc, json, sys
+    import numpy as np
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+    from rotary_probe import rotary_types  # importable by vLLM's worker process (PYTHONPATH)
+
+    PROMPT = "<|im_start|>user\\n{}<|im_end|>\\n<|im_start|>assistant\\n<think>\\n"
+
+    def run(checkpoint, prompts, **engine):
+        llm = LLM(model=checkpoint, dtype="bfloat16", max_model_len=4096, enforce_eager=True, seed=0,
+                  limit_mm_per_prompt={"image": 1}, **engine,
+                  # vLLM's native (PyTorch) rotary ops on both sides: the C++ kernel that plain
+                  # RoPE would use on a CPU rounds differently from the M-RoPE path's ops.
+                  compilation_config={"custom_ops": ["all", "-rotary_embedding"]})
+        config = llm.llm_engine.model_config
+        info = {"uses_mrope": config.uses_mrope, "rope": dict(config.hf_text_config.rope_parameters),
+                "ssm_dtype": llm.llm_engine.vllm_config.cache_config.mamba_ssm_cache_dtype,
+                "rotary": llm.apply_model(rotary_types)[0]}
+        params = SamplingParams(temperature=0, max_tokens=12, logprobs=5, prompt_logprobs=5, seed=0)
+        outputs = []
+        for out in llm.generate(prompts, params, use_tqdm=False):
+            gen = out.outputs[0]
+            outputs.append({
+                "prompt_token_ids": list(out.prompt_token_ids), "tokens": list(gen.token_ids),
+                "logprobs": [{str(k): v.logprob for k, v in d.items()} for d in gen.logprobs],
+                "prompt_logprobs": [None if d is None else {str(k): v.logprob for k, v in d.items()}
+                                    for d in out.prompt_logprobs]})
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        return {"info": info, "outputs": outputs}
+
+    if __name__ == "__main__":
+        image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 420, 3), dtype=np.uint8))
+        prompts = [PROMPT.format("Please calculate 23 x 47 step by step."),
+                   {"prompt": PROMPT.format("<|image_pad|>Describe this image in one sentence."),
+                    "multi_modal_data": {"image": image}}]
+        plain = run(sys.argv[1], prompts)  # --mamba-ssm-cache-dtype left at auto: the plugin's hook
+        from minicpmv_ascend_plugin import rotary_mrope
+        rotary_mrope.apply(None)
+        mrope = run(sys.argv[1], prompts, mamba_ssm_cache_dtype="float32")
+        print("RESULT " + json.dumps({"plain": plain, "mrope": mrope}))
+''')
+
+
+def test_ascend_rotary_config_is_an_exact_noop(tiny_checkpoint, tmp_path):
+    """The M-RoPE section the plugin gives the text config on Ascend (derived from the config: the
+    tiny model's head_dim 64 x 0.25 = 16 rotary dims = 8 pairs -> [3, 3, 2]) changes the rotary
+    class and the position layout, and not one bit of the tokens, logprobs or prompt logprobs.
+    (The first run also leaves --mamba-ssm-cache-dtype at auto: the plugin's GDN hook makes it the
+    checkpoint's float32, as the second run's explicit flag does.)"""
+    script = tmp_path / "rotary_run.py"
+    script.write_text(ROTARY_RUN)
+    (tmp_path / "rotary_probe.py").write_text(
+        "def rotary_types(model):\n"
+        "    names = {type(m).__name__ for m in model.modules()}\n"
+        "    return sorted(n for n in names if n.endswith('RotaryEmbedding'))\n")
+    env = clean_env(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+                    PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(script), str(tiny_checkpoint)], capture_output=True, text=True,
+                          timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
+    plain, mrope = result["plain"], result["mrope"]
+    assert plain["info"]["ssm_dtype"] == mrope["info"]["ssm_dtype"] == "float32"  # auto -> checkpoint's
+    assert not plain["info"]["uses_mrope"] and plain["info"]["rotary"] == ["RotaryEmbedding"]
+    assert mrope["info"]["uses_mrope"] and mrope["info"]["rotary"] == ["MRotaryEmbedding"]
+    assert mrope["info"]["rope"] == {**plain["info"]["rope"], "mrope_section": [3, 3, 2], "mrope_interleaved": True}
+    from transformers import AutoTokenizer
+
+    image_pad = AutoTokenizer.from_pretrained(tiny_checkpoint).convert_tokens_to_ids("<|image_pad|>")
+    text, image = plain["outputs"]
+    assert image_pad not in text["prompt_token_ids"] and image["prompt_token_ids"].count(image_pad) > 16
+    assert len(text["tokens"]) > 0 and len(image["prompt_logprobs"]) == len(image["prompt_token_ids"])
+    assert mrope["outputs"] == plain["outputs"]  # bitwise: every float compared exactly
+
+
+def test_reasoning_cases_are_vllm_032_minicpmv(tiny_checkpoint):
+    """plugin/tests/reasoning_cases.json holds vLLM 0.32's own `minicpmv` results; the plugin's
+    `minicpmv` for vLLM 0.23 is held to the same table there."""
+    from transformers import AutoTokenizer
+    from vllm.reasoning import ReasoningParserManager
+
+    parser = ReasoningParserManager.get_reasoning_parser("minicpmv")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert reasoning_harness.results(parser, tokenizer) == reasoning_harness.load_cases()
+
+
+CHECK_LINE = re.compile(r"^(platform|plugin|patch [\w-]+|request (text|image)|result): .+$")
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "ascend_check.py"), *args], capture_output=True,
+                          text=True, timeout=300, env=clean_env(HF_HUB_OFFLINE="1"), cwd=REPO)
+
+
+@pytest.mark.server
+def test_ascend_check_script_against_the_server(server):
+    proc = run_check("--base-url", server.base_url, "--model", server.model)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert all(CHECK_LINE.match(line) for line in lines), lines
+    assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
+                    r"torch [\w.+]+$", lines[0]), lines[0]
+    assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
+    patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups() for line in lines[2:9])
+    assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
+                       **{name: "skipped" for name in BACKPORTS}}
+    assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
+    for name, line in zip(("text", "image"), lines[9:11]):
+        assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line
+    assert lines[11:] == ["result: ok"]
+
+
+def test_ascend_check_script_reports_an_unreachable_server():
+    proc = run_check("--base-url", "http://127.0.0.1:9", "--timeout", "5")
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[-3].startswith("request text: FAILED - cannot list models at http://127.0.0.1:9")
+    assert lines[-2].startswith("request image: FAILED") and lines[-1] == "result: FAILED"
