@@ -1,0 +1,225 @@
+"""compose.yaml and env/*.env: the Compose Specification schema, the NPU devices and driver mounts
+an Ascend container needs (FACTS §4), health checks, and env files that hold only what the
+entrypoint declares (plus an explicit list of runtime variables) and resolve without a
+configuration error."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO
+from test_deploy_support import (
+    RUNTIME_ENV_ALLOWLIST,
+    TARGETS,
+    allowed_env_vars,
+    declared_env_vars,
+    env_files,
+    env_mapping,
+    lint_tool,
+    read_env_file,
+    run_tool,
+)
+
+COMPOSE = REPO / "compose.yaml"
+# FACTS §4: what `docker run` needs for one Ascend card.
+NPU_CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+DRIVER_MOUNTS = (
+    "/usr/local/dcmi",
+    "/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info",
+)
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """compose's ${VAR} / ${VAR:-default} substitution, enough for this file."""
+    if isinstance(value, str):
+        return INTERPOLATION.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def compose(**env: str) -> dict[str, Any]:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), env)
+
+
+def duration_s(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text))
+
+
+def size_bytes(text: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([bkmg]?)", text.lower()).groups()
+    return int(number) * 1024 ** "bkmg".index(unit or "b")
+
+
+# --------------------------------------------------------------------------------------------
+# compose.yaml
+# --------------------------------------------------------------------------------------------
+
+
+def test_compose_matches_the_compose_specification_schema() -> None:
+    result = run_tool(lint_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_check_catches_a_mistake(tmp_path: pathlib.Path) -> None:
+    """The validator really checks: a misspelt service key is an error."""
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace("shm_size:", "shm_sizes:", 1))
+    result = run_tool(lint_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken))
+    assert result.returncode != 0 and "shm_sizes" in result.stdout
+
+
+@pytest.mark.parametrize("card", ["0", "3"])
+def test_ascend_service_has_the_npu_devices_and_driver_mounts(card: str) -> None:
+    service = compose(ASCEND_CARD=card)["services"]["minicpmv"]
+    devices = {d.split(":")[0]: d.split(":")[1] for d in service["devices"]}
+    assert devices == {f"/dev/davinci{card}": f"/dev/davinci{card}",
+                       **{d: d for d in NPU_CONTROL_DEVICES}}
+    volumes = {v.rsplit(":", 2)[1]: v for v in service["volumes"] if v.count(":") >= 2}
+    for path in DRIVER_MOUNTS:
+        assert volumes.get(path) == f"{path}:{path}:ro", f"driver mount {path} missing or writable"
+
+
+def test_ascend_service_basics() -> None:
+    spec = compose()
+    service = spec["services"]["minicpmv"]
+    assert "profiles" not in service, "the Ascend service is the default one"
+    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "args": {"ASCEND_TARGET": "a2"}}
+    assert service["image"] == "minicpmv-ascend:a2"
+    assert service["env_file"] == ["env/ascend-a2.env"]
+    assert size_bytes(service["shm_size"]) >= 2**30, "FACTS §4: --shm-size 1g or more"
+    assert service["restart"] in ("unless-stopped", "always", "on-failure")
+    assert service["group_add"] == ["1000"], "the driver's group (HwHiAiUser) for the non-root user"
+    assert not service.get("init"), "the image's PID 1 is tini already"
+    assert duration_s(service["stop_grace_period"]) >= 30
+    # The weights are mounted read-only where MODEL_PATH points.
+    assert "./models:/models:ro" in service["volumes"]
+    assert env_mapping(REPO / "env" / "ascend-a2.env")["MODEL_PATH"].startswith("/models/")
+    # The published port reaches the port the server listens on.
+    assert service["ports"] == ["8000:8000"]
+    assert env_mapping(REPO / "env" / "ascend-a2.env")["PORT"] == "8000"
+
+
+def test_a3_switches_image_and_env_file_together() -> None:
+    service = compose(ASCEND_TARGET="a3")["services"]["minicpmv"]
+    assert service["build"]["args"]["ASCEND_TARGET"] == "a3"
+    assert service["image"] == "minicpmv-ascend:a3"
+    assert service["env_file"] == ["env/ascend-a3.env"]
+
+
+@pytest.mark.parametrize("name", ["minicpmv", "minicpmv-cpu"])
+def test_compose_health_checks(name: str) -> None:
+    from minicpmv_ascend import probes
+
+    check = compose()["services"][name]["healthcheck"]
+    assert check["test"][0] == "CMD" and check["test"][2:] == ["/opt/minicpmv-ascend/healthcheck/probe.py", "ready"]
+    assert duration_s(check["start_period"]) >= 600, "a cold start takes minutes"
+    assert duration_s(check["timeout"]) > probes.DEFAULT_TIMEOUT["ready"], \
+        "the probe must report its own timeout before Docker kills it"
+    assert check["retries"] >= 2
+
+
+def test_cpu_profile_service() -> None:
+    service = compose()["services"]["minicpmv-cpu"]
+    assert service["profiles"] == ["cpu"]
+    assert service["build"]["dockerfile"] == "Dockerfile.cpu"
+    assert service["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert service["env_file"] == ["env/cpu.env"]
+    assert "devices" not in service
+    assert "./models:/models:ro" in service["volumes"]
+
+
+def test_env_files_referenced_by_compose_exist() -> None:
+    for target in TARGETS:
+        for path in compose(ASCEND_TARGET=target)["services"]["minicpmv"]["env_file"]:
+            assert (REPO / path).is_file(), path
+    for path in compose()["services"]["minicpmv-cpu"]["env_file"]:
+        assert (REPO / path).is_file(), path
+
+
+# --------------------------------------------------------------------------------------------
+# env/*.env
+# --------------------------------------------------------------------------------------------
+
+
+def test_one_env_file_per_target() -> None:
+    assert [p.name for p in env_files()] == ["ascend-a2.env", "ascend-a3.env", "cpu.env"]
+
+
+@pytest.mark.parametrize("path", env_files(), ids=lambda p: p.name)
+def test_env_file_holds_only_declared_settings_and_listed_runtime_variables(path: pathlib.Path) -> None:
+    allowed = allowed_env_vars()
+    entries = read_env_file(path)
+    keys = [e.key for e in entries]
+    assert len(keys) == len(set(keys)), f"duplicate keys in {path.name}"
+    unknown = sorted(set(keys) - allowed)
+    assert not unknown, (f"{path.name} sets {unknown}: neither a setting of the entrypoint "
+                         "(minicpmv_ascend.settings) nor in RUNTIME_ENV_ALLOWLIST")
+
+
+@pytest.mark.parametrize("path", env_files(), ids=lambda p: p.name)
+def test_every_variable_is_commented(path: pathlib.Path) -> None:
+    for entry in read_env_file(path):
+        words = " ".join(line.lstrip("# ") for line in entry.comment)
+        assert len(words.split()) >= 4, f"{path.name}:{entry.line}: {entry.key} has no comment above it"
+
+
+def test_runtime_allowlist_is_explained_and_does_not_shadow_settings() -> None:
+    assert not set(RUNTIME_ENV_ALLOWLIST) & declared_env_vars()
+    assert all(len(reason.split()) >= 4 for reason in RUNTIME_ENV_ALLOWLIST.values())
+
+
+def test_a2_and_a3_env_files_set_the_same_variables() -> None:
+    a2, a3 = (env_mapping(REPO / "env" / f"ascend-{t}.env") for t in TARGETS)
+    assert a2.keys() == a3.keys()
+
+
+def test_ascend_env_files_carry_the_rope_workaround_and_tutorial_runtime_values() -> None:
+    import json
+
+    for target in TARGETS:
+        env = env_mapping(REPO / "env" / f"ascend-{target}.env")
+        overrides = json.loads(env["HF_OVERRIDES"])
+        # FACTS §3.6: nested under text_config, or the plain rotary embedding still crashes.
+        assert overrides == {"text_config": {"rope_parameters": {"mrope_section": [11, 11, 10],
+                                                                 "mrope_interleaved": True}}}
+        assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+        assert env["TASK_QUEUE_ENABLE"] == "1" and env["OMP_NUM_THREADS"] == "1"
+        assert env["ENABLE_PREFIX_CACHING"] == "false", "hybrid-model prefix caching is experimental on Ascend"
+        assert env["TENSOR_PARALLEL_SIZE"] == "1"
+
+
+@pytest.mark.parametrize("path,platform", [
+    (REPO / "env" / "ascend-a2.env", "ascend"),
+    (REPO / "env" / "ascend-a3.env", "ascend"),
+    (REPO / "env" / "cpu.env", "cpu"),
+], ids=lambda v: v.name if isinstance(v, pathlib.Path) else v)
+def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, platform: str, tiny_checkpoint) -> None:
+    """The settings module's own resolution and checks (types, ranges, devices, dtype, checkpoint),
+    on the platform the file is for. vLLM's parser checks the a2 values in
+    test_deploy_images.py::test_ascend_image_command_outside_docker_dry_run, cpu.env's in
+    test_deploy_cpu.py."""
+    from minicpmv_ascend import settings
+
+    env = {k: v for k, v in env_mapping(path).items()}
+    if env.get("MODEL_PATH"):
+        env["MODEL_PATH"] = str(tiny_checkpoint)  # the directory the container would mount
+    resolution = settings.resolve((), env)
+    for entry in read_env_file(path):
+        setting = next((s for s in settings.SETTINGS if s.env == entry.key), None)
+        if setting is not None and entry.value:
+            assert resolution.values[setting.name].source == "env", entry.key
+    plan = settings.build_plan(resolution, env, platform)
+    assert plan.platform == platform and plan.model

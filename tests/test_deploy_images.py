@@ -1,0 +1,247 @@
+"""The two images, without a Docker engine: hadolint, what each Dockerfile must contain, the CANN
+exec wrapper of the Ascend image run against a fake CANN tree, and both images' command lines run
+outside Docker (the Ascend one through the wrapper in --dry-run; the CPU one against the shared
+vLLM server, see test_cpu_image_command_is_what_the_shared_server_runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, clean_env
+from test_deploy_support import (
+    APP_DIR,
+    copy_map,
+    dockerfile_instructions,
+    env_mapping,
+    exec_form,
+    final_stage,
+    image_command,
+    image_env,
+    lint_tool,
+    run_tool,
+    to_host,
+)
+
+DOCKERFILES = {"ascend": REPO / "Dockerfile", "cpu": REPO / "Dockerfile.cpu"}
+WRAPPER = REPO / "deploy" / "docker" / "with-cann-env.sh"
+
+
+def build_args(instructions) -> dict[str, str]:
+    """ARG defaults (a later `ARG NAME` without a value only re-imports the name into a stage)."""
+    defaults: dict[str, str] = {}
+    for ins in instructions:
+        if ins.name == "ARG" and "=" in ins.args:
+            name, value = ins.args.split("=", 1)
+            defaults.setdefault(name, value.strip('"'))
+    return defaults
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_hadolint(name: str) -> None:
+    """hadolint with its default rules, any finding fails (ignores are inline, each with a reason)."""
+    result = run_tool(lint_tool("hadolint"), "--no-color", str(DOCKERFILES[name]))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path: pathlib.Path) -> None:
+    """The linter really runs: an unpinned base and `cd` in RUN are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN cd /tmp && ls\n")
+    result = run_tool(lint_tool("hadolint"), "--no-color", str(bad))
+    assert result.returncode != 0 and "DL3006" in result.stdout and "DL3003" in result.stdout
+
+
+def test_ascend_base_is_the_pinned_official_image_with_an_a3_variant() -> None:
+    instructions = dockerfile_instructions(DOCKERFILES["ascend"])
+    args = build_args(instructions)
+    assert args["VLLM_ASCEND_IMAGE"] == "quay.io/ascend/vllm-ascend"
+    assert args["VLLM_ASCEND_VERSION"] == "v0.23.0"
+    assert args["ASCEND_TARGET"] == "a2"
+    assert args["TRANSFORMERS_VERSION"] == "5.14.1"  # FACTS §8: has minicpmv4_6, callable by vLLM 0.23
+    froms = [i.args for i in instructions if i.name == "FROM"]
+    assert froms == [
+        "${VLLM_ASCEND_IMAGE}:${VLLM_ASCEND_VERSION}${VLLM_ASCEND_A2_DIGEST} AS base-a2",
+        "${VLLM_ASCEND_IMAGE}:${VLLM_ASCEND_VERSION}-a3${VLLM_ASCEND_A3_DIGEST} AS base-a3",
+        "base-${ASCEND_TARGET}",
+    ]
+    # Digest pins are optional and empty by default: the tag alone is the default pin.
+    assert args["VLLM_ASCEND_A2_DIGEST"] == "" and args["VLLM_ASCEND_A3_DIGEST"] == ""
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_image_runs_non_root_under_tini_with_a_healthcheck(name: str) -> None:
+    stage = final_stage(dockerfile_instructions(DOCKERFILES[name]))
+    users = [i.args for i in stage if i.name == "USER"]
+    assert users and users[-1] not in ("root", "0", "0:0"), "the server must not run as root"
+    assert re.fullmatch(r"\$\{APP_UID\}:\$\{\w+_GID\}", users[-1]), "numeric user (Kubernetes runAsNonRoot)"
+    assert any("tini" in i.args for i in stage if i.name == "RUN"), "tini is installed"
+    command = image_command(DOCKERFILES[name])
+    assert command[:2] == ["/usr/bin/tini", "--"], "tini is PID 1 (reaps children, forwards signals)"
+    assert command[-1].endswith("/entrypoint.py") and command[-2] in ("python", "python3")
+    health = [exec_form(i) for i in stage if i.name == "HEALTHCHECK"]
+    assert health and health[-1][-2:] == [f"{APP_DIR}/healthcheck/probe.py", "live"]
+    options = next(i.args for i in stage if i.name == "HEALTHCHECK")
+    assert re.search(r"--start-period=\d+m", options), "a cold start needs minutes"
+    env = image_env(DOCKERFILES[name])
+    assert env["HOME"] == "/home/minicpmv" and env["PORT"] == "8000"
+    workdir = [i.args for i in stage if i.name == "WORKDIR"][-1]
+    assert workdir == env["HOME"], "CANN writes kernel_meta/ into the working directory: a writable one"
+
+
+def test_ascend_entrypoint_sets_up_cann_then_execs_the_launcher() -> None:
+    command = image_command(DOCKERFILES["ascend"])
+    assert command == ["/usr/bin/tini", "--", f"{APP_DIR}/bin/with-cann-env.sh", "python3",
+                       f"{APP_DIR}/entrypoint.py"]
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_every_path_the_image_calls_is_copied_from_the_repo(name: str) -> None:
+    """ENTRYPOINT, HEALTHCHECK, and the paths compose and Kubernetes call, exist in the image as
+    copies of these repo files (entrypoint.py, healthcheck/probe.py, ...)."""
+    stage = final_stage(dockerfile_instructions(DOCKERFILES[name]))
+    files = copy_map(stage)
+    assert files[f"{APP_DIR}/entrypoint.py"] == REPO / "entrypoint.py"
+    assert files[f"{APP_DIR}/healthcheck/probe.py"] == REPO / "healthcheck" / "probe.py"
+    assert files[f"{APP_DIR}/scripts/download_weights.sh"] == REPO / "scripts" / "download_weights.sh"
+    used = image_command(DOCKERFILES[name]) + [a for i in stage if i.name == "HEALTHCHECK" for a in exec_form(i)]
+    for arg in used:
+        if arg.startswith(APP_DIR):
+            assert arg in files, f"{arg} is called but not copied into the image"
+    # Executable in the repo too, so they run the same way from a checkout (COPY --chmod sets the
+    # mode in the image regardless).
+    for src in files.values():
+        assert os.access(src, os.X_OK), f"{src} is not executable"
+
+
+def test_ascend_image_installs_this_project_and_the_pinned_transformers() -> None:
+    run = " ".join(i.args for i in final_stage(dockerfile_instructions(DOCKERFILES["ascend"]))
+                   if i.name == "RUN")
+    assert '"transformers==${TRANSFORMERS_VERSION}" /tmp/src' in run
+    assert "--mount=type=bind,source=.,target=/tmp/src" in run
+    assert "MiniCPMV4_6Config" in run, "the build fails if transformers lacks MiniCPM-V 4.6"
+
+
+def test_cpu_image_installs_the_lock_and_the_torchvision_shim_like_the_makefile() -> None:
+    stage = final_stage(dockerfile_instructions(DOCKERFILES["cpu"]))
+    run = " ".join(i.args for i in stage if i.name == "RUN")
+    assert "--no-deps" in run and "-r /tmp/cpu.lock" in run and "source=requirements/cpu.lock" in run
+    assert '--extra-index-url "${TORCH_INDEX_URL}"' in run, "torch +cpu comes from PyTorch's CPU index"
+    assert "scripts/torchvision_cpu_shim.py" in run
+    args = build_args(dockerfile_instructions(DOCKERFILES["cpu"]))
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["PYTHON_IMAGE"].startswith("python:3.11-slim"), "the lock is for Python 3.11"
+
+
+def test_dockerignore_keeps_venvs_weights_and_git_out_of_the_context() -> None:
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", ".venv-*", "models"} <= ignored
+    for needed in ("entrypoint.py", "healthcheck", "src", "pyproject.toml", "README.md", "scripts",
+                   "deploy", "requirements"):
+        assert needed not in ignored, f"{needed} is needed by the build"
+
+
+# --------------------------------------------------------------------------------------------
+# The CANN exec wrapper, against a fake CANN installation
+# --------------------------------------------------------------------------------------------
+
+REPORT = textwrap.dedent("""\
+    import json, os, sys
+    keys = ("FAKE_TOOLKIT", "TOOLKIT_ARGC", "FAKE_IR", "ATB_ARGS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+    print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}))
+""")
+
+
+@pytest.fixture
+def fake_cann(tmp_path: pathlib.Path) -> pathlib.Path:
+    """The layout of the CANN 9 base image: toolkit, versioned ascendnpu-ir, NNAL/ATB set_env.sh."""
+    root = tmp_path / "Ascend"
+    version = root / "cann-9.1.0"
+    (root / "ascend-toolkit").mkdir(parents=True)
+    (root / "ascend-toolkit" / "set_env.sh").write_text(
+        f'export FAKE_TOOLKIT=1\nexport TOOLKIT_ARGC=$#\nexport ASCEND_TOOLKIT_HOME="{version}"\n')
+    ir = version / "share" / "info" / "ascendnpu-ir" / "bin"
+    ir.mkdir(parents=True)
+    (ir / "set_env.sh").write_text("export FAKE_IR=1\n")
+    (root / "nnal" / "atb").mkdir(parents=True)
+    (root / "nnal" / "atb" / "set_env.sh").write_text('export ATB_ARGS="$*"\n')
+    return root
+
+
+def run_wrapper(root: pathlib.Path, *command: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([str(WRAPPER), *command], env=clean_env(MINICPMV_ASCEND_ROOT=str(root), **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_wrapper_sources_cann_then_execs_the_command_in_its_own_process(fake_cann: pathlib.Path) -> None:
+    process = run_wrapper(fake_cann, sys.executable, "-c", REPORT, "--port", "8000", "--cxx_abi=0")
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    report = json.loads(out)
+    assert report["pid"] == process.pid, "exec: the command replaced the wrapper's shell"
+    assert report["argv"] == ["--port", "8000", "--cxx_abi=0"], "arguments reach the command unchanged"
+    env = report["env"]
+    assert env["FAKE_TOOLKIT"] == "1" and env["FAKE_IR"] == "1"
+    assert env["TOOLKIT_ARGC"] == "0", "set_env.sh must not see the command's arguments as its own"
+    assert env["ATB_ARGS"] == "--cxx_abi=1", "NNAL gets the ABI flag the base image passes"
+    assert env["LD_LIBRARY_PATH"].split(":")[-1] == "/usr/local/lib"
+
+
+def test_wrapper_fails_clearly_without_cann(tmp_path: pathlib.Path) -> None:
+    process = run_wrapper(tmp_path / "nowhere", sys.executable, "-c", "print('started')")
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 1 and "started" not in out
+    assert "ascend-toolkit/set_env.sh not found" in err and "vllm-ascend" in err
+
+
+def test_ascend_image_command_outside_docker_dry_run(fake_cann: pathlib.Path, tiny_checkpoint) -> None:
+    """The Ascend image's ENTRYPOINT (tini dropped, paths mapped to the repo) with env/ascend-a2.env
+    and a fake CANN: the wrapper hands over to the launcher, which validates every value of the env
+    file, including with vLLM's own argument parser, and prints the vLLM command it would exec."""
+    files = copy_map(final_stage(dockerfile_instructions(DOCKERFILES["ascend"])))
+    argv = to_host(image_command(DOCKERFILES["ascend"]), files)
+    env = {k: v for k, v in env_mapping(REPO / "env" / "ascend-a2.env").items() if v}
+    env["MODEL_PATH"] = str(tiny_checkpoint)  # the directory the compose volume would provide
+    result = subprocess.run([*argv, "--dry-run"], env=clean_env(MINICPMV_ASCEND_ROOT=str(fake_cann), **env),
+                            capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert result.returncode == 0, result.stderr + result.stdout
+    command = shlex.split(result.stdout.split("command:\n", 1)[1].strip())
+    assert command[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
+    overrides = json.loads(command[command.index("--hf-overrides") + 1])
+    assert overrides["text_config"]["rope_parameters"]["mrope_section"] == [11, 11, 10]
+    assert "--enforce-eager" in command and "--no-enable-prefix-caching" in command
+
+
+def build_time_python_checks(path: pathlib.Path) -> list[str]:
+    """The `python -c "..."` checks a Dockerfile's RUN instructions make (continuations joined)."""
+    runs = " ".join(i.args for i in final_stage(dockerfile_instructions(path)) if i.name == "RUN")
+    return re.findall(r'python3? -c "([^"]+)"', runs)
+
+
+def test_cpu_image_build_checks_pass_in_the_environment_it_reproduces() -> None:
+    """The CPU image is requirements/cpu.lock + this project, i.e. what `make venv` builds: its
+    build-time checks (plugin registered with vLLM) run here with this session's interpreter."""
+    checks = build_time_python_checks(DOCKERFILES["cpu"])
+    assert any("vllm.general_plugins" in c and "minicpmv_ascend_plugin" in c for c in checks)
+    assert (REPO / "plugin" / "minicpmv_ascend_plugin").is_dir(), "the plugin package the check names"
+    for code in checks:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{code}\n{result.stderr}"
+
+
+def test_ascend_image_build_checks_are_valid_python() -> None:
+    """Same checks in the Ascend image (plus transformers 5.14.1 with MiniCPM-V 4.6): they compile
+    (they run only in a docker build)."""
+    checks = build_time_python_checks(DOCKERFILES["ascend"])
+    assert len(checks) == 2 and "MiniCPMV4_6Config" in checks[0] and "vllm.general_plugins" in checks[1]
+    for code in checks:
+        compile(code.replace("${TRANSFORMERS_VERSION}", "5.14.1"), "<RUN>", "exec")

@@ -1,0 +1,178 @@
+"""Shell scripts (ShellCheck, every one in the repo plus the shell inside the Kubernetes Job), the
+weights download script driven by a stand-in `modelscope` CLI (no network here), and the model
+directory check."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from conftest import REPO, clean_env
+from test_deploy_support import K8S, lint_tool, run_tool
+
+DOWNLOAD = REPO / "scripts" / "download_weights.sh"
+VERIFY = REPO / "scripts" / "verify_model_dir.py"
+
+
+def shell_scripts() -> list[pathlib.Path]:
+    """Files named *.sh or starting with a sh/bash shebang, among the repo's files (git's view:
+    tracked plus untracked-but-not-ignored, so virtualenvs and caches are left out)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    found = []
+    for name in filter(None, listed):
+        path = REPO / name
+        if not path.is_file():
+            continue
+        with path.open("rb") as f:
+            first = f.readline(128)
+        interpreter = first[2:].split()[-1:] if first.startswith(b"#!") else []
+        if path.suffix == ".sh" or (interpreter and interpreter[0].rsplit(b"/", 1)[-1] in (b"sh", b"bash")):
+            found.append(path)
+    return sorted(found)
+
+
+def test_shellcheck_every_shell_script() -> None:
+    scripts = shell_scripts()
+    names = {p.relative_to(REPO).as_posix() for p in scripts}
+    assert {"scripts/download_weights.sh", "deploy/docker/with-cann-env.sh"} <= names
+    result = run_tool(lint_tool("shellcheck"), "--format=gcc", *map(str, scripts))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_the_smoke_jobs_shell() -> None:
+    job = yaml.safe_load((K8S / "jobs" / "smoke" / "job.yaml").read_text())
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    result = run_tool(lint_tool("shellcheck"), "--shell=sh", "--format=gcc", "-", input=command[2])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_catches_a_mistake(tmp_path: pathlib.Path) -> None:
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/bin/bash\nrm -rf $1/*\n")
+    result = run_tool(lint_tool("shellcheck"), str(bad))
+    assert result.returncode != 0 and "SC2086" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# scripts/download_weights.sh with a stand-in `modelscope`
+# --------------------------------------------------------------------------------------------
+
+FAKE_MODELSCOPE = textwrap.dedent("""\
+    #!{python}
+    # Stand-in for `modelscope download --model ID [--revision R] --local_dir DIR`: records its
+    # arguments, prints progress the way the real CLI does (stderr), copies a checkpoint.
+    import json, os, shutil, sys
+    args = sys.argv[1:]
+    open(os.environ["FAKE_MODELSCOPE_LOG"], "w").write(json.dumps(args))
+    dest = args[args.index("--local_dir") + 1]
+    source = os.environ["FAKE_MODELSCOPE_SOURCE"]
+    for name in sorted(os.listdir(source)):
+        print(f"Downloading [{{name}}]: 100%|##########| 1.00/1.00", file=sys.stderr)
+        shutil.copy(os.path.join(source, name), dest)
+    if os.environ.get("FAKE_MODELSCOPE_TRUNCATE"):
+        path = os.path.join(dest, "model.safetensors")
+        os.truncate(path, os.path.getsize(path) // 2)
+""")
+
+
+@pytest.fixture
+def fake_modelscope(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "bin" / "modelscope"
+    path.parent.mkdir()
+    path.write_text(FAKE_MODELSCOPE.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def run_download(fake: pathlib.Path, checkpoint: pathlib.Path, model_dir: pathlib.Path, **env: str):
+    environment = clean_env(
+        PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable,
+        FAKE_MODELSCOPE_LOG=str(fake.parent / "args.json"), FAKE_MODELSCOPE_SOURCE=str(checkpoint), **env)
+    return subprocess.run([str(DOWNLOAD), str(model_dir)], env=environment, capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def test_download_fetches_the_thinking_model_into_the_model_dir_and_verifies_it(
+        fake_modelscope, tiny_checkpoint, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "models")
+    assert result.returncode == 0, result.stderr
+    dest = tmp_path / "models" / "MiniCPM-V-4.6-Thinking"
+    args = json.loads((fake_modelscope.parent / "args.json").read_text())
+    assert args == ["download", "--model", "OpenBMB/MiniCPM-V-4.6-Thinking", "--local_dir", str(dest)]
+    assert "100%" in result.stderr, "the CLI's progress reaches the operator"
+    assert f"{dest}: complete" in result.stdout
+    assert "MODEL_PATH=/models/MiniCPM-V-4.6-Thinking" in result.stdout
+
+
+def test_download_passes_model_id_and_revision(fake_modelscope, tiny_checkpoint, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "m",
+                          MODEL_ID="OpenBMB/MiniCPM-V-4.6", MODEL_REVISION="v1.0")
+    assert result.returncode == 0, result.stderr
+    args = json.loads((fake_modelscope.parent / "args.json").read_text())
+    assert args == ["download", "--model", "OpenBMB/MiniCPM-V-4.6", "--revision", "v1.0",
+                    "--local_dir", str(tmp_path / "m" / "MiniCPM-V-4.6")]
+
+
+def test_download_fails_on_an_incomplete_checkpoint(fake_modelscope, tiny_checkpoint, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "models", FAKE_MODELSCOPE_TRUNCATE="1")
+    assert result.returncode == 1
+    assert "truncated" in result.stderr and "run this script again" in result.stderr
+
+
+def test_download_without_modelscope_says_how_to_get_it(tmp_path) -> None:
+    result = subprocess.run([str(DOWNLOAD), str(tmp_path)], env=clean_env(MODELSCOPE="no-such-modelscope"),
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "pip install modelscope" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# scripts/verify_model_dir.py
+# --------------------------------------------------------------------------------------------
+
+
+def verify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(VERIFY), *args], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+
+
+def test_verify_complete_checkpoint(tiny_checkpoint) -> None:
+    result = verify(str(tiny_checkpoint), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["complete"] and report["problems"] == [] and report["warnings"] == []
+    assert report["architectures"] == ["MiniCPMV4_6ForConditionalGeneration"]
+
+
+def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_checkpoint, tmp_path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "tokenizer.json").unlink()
+    result = verify(str(broken))
+    assert result.returncode == 1 and "tokenizer files are missing" in result.stderr
+    from minicpmv_ascend import settings  # the same judgement as the server's start-up check
+
+    assert settings.checkpoint_problems(broken) and "tokenizer" in settings.checkpoint_problems(broken)[0]
+
+
+def test_verify_warns_about_another_model(tiny_checkpoint, tmp_path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tiny_checkpoint, other)
+    config = json.loads((other / "config.json").read_text())
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    (other / "config.json").write_text(json.dumps(config))
+    result = verify(str(other))
+    assert result.returncode == 0 and "not a MiniCPM-V 4.6 checkpoint" in result.stderr
+
+
+def test_verify_usage_errors(tmp_path) -> None:
+    assert verify(str(tmp_path / "missing")).returncode == 2

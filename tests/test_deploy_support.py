@@ -1,0 +1,280 @@
+"""Shared helpers of the deployment tests (tests/test_deploy_*.py); this module has no tests.
+
+Readers of the deployment files: env files (the `KEY=VALUE` subset that docker, compose and
+kustomize all read the same way), Dockerfiles (instructions, exec-form commands, COPY sources), the
+linters installed by `make lint-tools`, and kustomize rendering through kubectl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+LINT_BIN = REPO / ".venv-lint" / "bin"
+K8S = REPO / "deploy" / "k8s"
+ENV_DIR = REPO / "env"
+APP_DIR = "/opt/minicpmv-ascend"  # where both images put the files orchestrators call by path
+TARGETS = ("a2", "a3")
+OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2"}  # overlay -> the env/ascend-<target>.env it mirrors
+COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath")
+JOBS = ("smoke", "download-weights")
+
+# Environment variables that the env files, compose and the Kubernetes server pods may set although
+# they are not settings of the entrypoint: well-known runtime variables, each with why it is there.
+RUNTIME_ENV_ALLOWLIST: dict[str, str] = {
+    "ASCEND_RT_VISIBLE_DEVICES": "CANN runtime: which NPUs the process may use (logical ids); "
+                                 "the settings module also counts them for tensor_parallel_size",
+    "ASCEND_VISIBLE_DEVICES": "Ascend Docker Runtime: which host NPUs to inject (documented "
+                              "alternative to explicit --device lines)",
+    "PYTORCH_NPU_ALLOC_CONF": "torch_npu caching allocator (expandable segments), vllm-ascend tutorials",
+    "TASK_QUEUE_ENABLE": "torch_npu asynchronous dispatch queue, set by the vllm-ascend image too",
+    "OMP_NUM_THREADS": "OpenMP threads per process, vllm-ascend tutorials",
+    "OMP_PROC_BIND": "OpenMP thread pinning, vllm-ascend tutorials",
+    "HCCL_OP_EXPANSION_MODE": "HCCL collectives on the AI Vector cores, vllm-ascend tutorials",
+    "VLLM_CPU_KVCACHE_SPACE": "vLLM CPU build: GiB of KV cache (its gpu_memory_utilization)",
+    "VLLM_CPU_OMP_THREADS_BIND": "vLLM CPU build: which cores its OpenMP threads use",
+    "HF_HUB_OFFLINE": "huggingface_hub: never contact a hub (weights are local)",
+    "VLLM_USE_MODELSCOPE": "vLLM: model ids resolve on ModelScope (the settings module reads it too)",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Settings declared by the entrypoint
+# --------------------------------------------------------------------------------------------
+
+
+def declared_env_vars() -> set[str]:
+    """Every env var the entrypoint reads: one per setting, plus CONFIG_FILE."""
+    from minicpmv_ascend import settings
+
+    return {s.env for s in settings.SETTINGS} | {settings.CONFIG_FILE_ENV}
+
+
+def allowed_env_vars() -> set[str]:
+    return declared_env_vars() | set(RUNTIME_ENV_ALLOWLIST)
+
+
+# --------------------------------------------------------------------------------------------
+# Env files
+# --------------------------------------------------------------------------------------------
+
+ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+@dataclasses.dataclass
+class EnvEntry:
+    key: str
+    value: str
+    line: int
+    comment: list[str]  # the comment lines directly above (its documentation)
+
+
+def read_env_file(path: pathlib.Path) -> list[EnvEntry]:
+    """Parse an env file in the subset every consumer agrees on; fail on anything else.
+
+    `docker run --env-file` keeps quotes literally while compose strips them, and compose expands
+    `$VAR` where docker does not: so no quotes, no `$`, no `export`, no inline comments.
+    """
+    entries: list[EnvEntry] = []
+    comment: list[str] = []
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.rstrip()
+        if not line:
+            comment = []
+            continue
+        if line.startswith("#"):
+            comment.append(line)
+            continue
+        match = ENV_LINE.match(line)
+        assert match, f"{path.name}:{number}: not a KEY=VALUE line: {raw!r}"
+        key, value = match.groups()
+        assert value == value.strip(), f"{path.name}:{number}: whitespace around the value of {key}"
+        assert not value.startswith(("'", '"')), f"{path.name}:{number}: quoted value (docker keeps quotes)"
+        assert "$" not in value, f"{path.name}:{number}: `$` in a value (compose would expand it)"
+        assert " #" not in value, f"{path.name}:{number}: inline comment (docker keeps it as value)"
+        entries.append(EnvEntry(key, value, number, list(comment)))
+        # Consecutive assignments share the comment block above them (e.g. OMP_NUM_THREADS and
+        # OMP_PROC_BIND): keep it until a blank line.
+    return entries
+
+
+def env_mapping(path: pathlib.Path) -> dict[str, str]:
+    return {e.key: e.value for e in read_env_file(path)}
+
+
+def env_files() -> list[pathlib.Path]:
+    return sorted(ENV_DIR.glob("*.env"))
+
+
+# --------------------------------------------------------------------------------------------
+# Dockerfiles
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    args: str
+    line: int
+
+
+def dockerfile_instructions(path: pathlib.Path) -> list[Instruction]:
+    """Instructions with continuation lines joined and comments dropped."""
+    out: list[Instruction] = []
+    pending, start = "", 0
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text = pending + stripped
+        pending = ""
+        name, _, args = text.partition(" ")
+        out.append(Instruction(name.upper(), args.strip(), start))
+    return out
+
+
+def exec_form(instruction: Instruction) -> list[str]:
+    """The JSON array of an exec-form ENTRYPOINT / CMD / HEALTHCHECK CMD."""
+    args = instruction.args
+    if instruction.name == "HEALTHCHECK":
+        args = args[args.index(" CMD ") + len(" CMD "):] if " CMD " in args else args
+    value = json.loads(args)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), instruction
+    return value
+
+
+def final_stage(instructions: list[Instruction]) -> list[Instruction]:
+    last_from = max(i for i, ins in enumerate(instructions) if ins.name == "FROM")
+    return instructions[last_from:]
+
+
+def copy_map(instructions: list[Instruction]) -> dict[str, pathlib.Path]:
+    """Image path -> repo path for every file the final stage COPYs from the build context."""
+    mapping: dict[str, pathlib.Path] = {}
+    for ins in instructions:
+        if ins.name != "COPY":
+            continue
+        parts = [p for p in shlex.split(ins.args) if not p.startswith("--")]
+        *sources, dest = parts
+        for source in sources:
+            src = REPO / source
+            assert src.exists(), f"line {ins.line}: COPY source {source} does not exist in the repo"
+            if dest.endswith("/"):
+                mapping[dest + pathlib.PurePosixPath(source).name] = src
+            else:
+                mapping[dest] = src
+    return mapping
+
+
+def image_command(path: pathlib.Path) -> list[str]:
+    """ENTRYPOINT + CMD of the final stage, as the container runtime joins them."""
+    stage = final_stage(dockerfile_instructions(path))
+    entrypoint = [exec_form(i) for i in stage if i.name == "ENTRYPOINT"][-1]
+    cmds = [exec_form(i) for i in stage if i.name == "CMD"]
+    return entrypoint + (cmds[-1] if cmds else [])
+
+
+def image_env(path: pathlib.Path) -> dict[str, str]:
+    """ENV of the final stage (KEY=VALUE form only; ${...} references left as written)."""
+    env: dict[str, str] = {}
+    for ins in final_stage(dockerfile_instructions(path)):
+        if ins.name == "ENV":
+            for token in shlex.split(ins.args):
+                key, _, value = token.partition("=")
+                env[key] = value
+    return env
+
+
+def to_host(argv: list[str], files: dict[str, pathlib.Path]) -> list[str]:
+    """An image command line, runnable outside the container.
+
+    Drops tini (outside a container nothing needs reaping), runs the image's Python as this test
+    session's interpreter, and maps every image file to the repo file the image copied it from.
+    """
+    argv = list(argv)
+    if argv[:2] == ["/usr/bin/tini", "--"]:
+        argv = argv[2:]
+    host = []
+    for arg in argv:
+        if arg in ("python", "python3"):
+            host.append(sys.executable)
+        elif arg.startswith(APP_DIR + "/"):
+            assert arg in files, f"{arg} is used but no COPY puts it into the image"
+            host.append(str(files[arg]))
+        else:
+            host.append(arg)
+    return host
+
+
+# --------------------------------------------------------------------------------------------
+# Linters and kustomize (installed by `make lint-tools` into .venv-lint)
+# --------------------------------------------------------------------------------------------
+
+
+def lint_tool(name: str) -> str:
+    path = LINT_BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found:
+        return found
+    pytest.fail(f"{name} is not installed: run `make lint-tools` (installs requirements/lint.txt "
+                "into .venv-lint)")
+
+
+def run_tool(*cmd: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=timeout, cwd=REPO)
+
+
+def render_kustomization(directory: pathlib.Path) -> list[dict]:
+    result = run_tool(lint_tool("kubectl"), "kustomize", "--load-restrictor", "LoadRestrictionsNone",
+                      str(directory))
+    assert result.returncode == 0, f"kustomize {directory}: {result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
+    """The overlay plus components, the way a user's own kustomization would combine them."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    rel = pathlib.Path(os.path.relpath(K8S, tmp))
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / overlay)],
+        "components": [str(rel / "components" / c) for c in components],
+    }))
+    return render_kustomization(tmp)
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def server_container(deployment: dict) -> dict:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "server")
