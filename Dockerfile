@@ -74,7 +74,7 @@ for e in entry_points(group='vllm.general_plugins')), 'plugin not registered'"
 COPY --chmod=0755 entrypoint.py /opt/minicpmv-ascend/entrypoint.py
 COPY --chmod=0755 healthcheck/probe.py /opt/minicpmv-ascend/healthcheck/probe.py
 COPY --chmod=0755 deploy/docker/with-cann-env.sh /opt/minicpmv-ascend/bin/with-cann-env.sh
-COPY --chmod=0755 scripts/download_weights.sh scripts/verify_model_dir.py /opt/minicpmv-ascend/scripts/
+COPY --chmod=0755 scripts/download_weights.sh scripts/verify_model_dir.py scripts/ascend_check.py /opt/minicpmv-ascend/scripts/
 
 RUN (getent group "${HWHIAIUSER_GID}" >/dev/null || groupadd --gid "${HWHIAIUSER_GID}" HwHiAiUser) \
     && useradd --uid "${APP_UID}" --gid "${HWHIAIUSER_GID}" --create-home --home-dir /home/minicpmv \
