@@ -188,3 +188,21 @@ def test_ascend_check_script_on_vllm023():
         "patch reasoning-parser: applied", "patch gdn-state-dtype: applied", "patch rotary-mrope: skipped",
         "patch processor-version: applied", "patch image-size-order: applied", "patch vit-merger-flags: applied",
         "patch max-slice-nums: applied", "result: ok"]
+
+
+@pytest.mark.parametrize("plugin_env, expected", [({}, "minicpmv"), ({"MINICPMV_ASCEND_PLUGIN": "off"}, "qwen3")])
+def test_launcher_auto_reasoning_parser_on_vllm023(plugin_env, expected):
+    """vLLM 0.23 has no `minicpmv` parser; the plugin registers one, so the launcher's `auto` picks
+    it (and vLLM's registry, after loading plugins, really has it); with the plugin off, `qwen3`."""
+    code = textwrap.dedent("""
+        from minicpmv_ascend import settings
+        from vllm.plugins import load_general_plugins
+        from vllm.reasoning import ReasoningParserManager
+        load_general_plugins()
+        print(settings.auto_reasoning_parser(), "minicpmv" in ReasoningParserManager.list_registered())
+    """)
+    proc = run_python(code, env=plugin_env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    chosen, registered = proc.stdout.split()[-2:]
+    assert chosen == expected
+    assert registered == str(expected == "minicpmv")

@@ -536,8 +536,16 @@ def registered_reasoning_parsers() -> set[str]:
     return names
 
 
+def project_plugin_enabled() -> bool:
+    """This project's vLLM plugin is installed and not switched off. It registers a `minicpmv`
+    reasoning parser on a vLLM that lacks one (0.23), so `auto` can pick that name there too."""
+    plugin_off = os.environ.get("MINICPMV_ASCEND_PLUGIN", "").strip().lower() == "off"
+    return importlib.util.find_spec("minicpmv_ascend_plugin") is not None and not plugin_off
+
+
 def auto_reasoning_parser() -> str:
-    return "minicpmv" if "minicpmv" in registered_reasoning_parsers() else "qwen3"
+    has_minicpmv = "minicpmv" in registered_reasoning_parsers() or project_plugin_enabled()
+    return "minicpmv" if has_minicpmv else "qwen3"
 
 
 def modelscope_enabled(environ: Mapping[str, str]) -> bool:
