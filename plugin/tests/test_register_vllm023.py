@@ -190,7 +190,9 @@ def test_ascend_check_script_on_vllm023():
         "patch max-slice-nums: applied", "result: ok"]
 
 
-@pytest.mark.parametrize("plugin_env, expected", [({}, "minicpmv"), ({"MINICPMV_ASCEND_PLUGIN": "off"}, "qwen3")])
+@pytest.mark.parametrize("plugin_env, expected", [
+    ({}, "minicpmv"), ({"MINICPMV_ASCEND_PLUGIN": "off"}, "qwen3"), ({"MINICPMV_ASCEND_PLUGIN": "0"}, "qwen3"),
+])
 def test_launcher_auto_reasoning_parser_on_vllm023(plugin_env, expected):
     """vLLM 0.23 has no `minicpmv` parser; the plugin registers one, so the launcher's `auto` picks
     it (and vLLM's registry, after loading plugins, really has it); with the plugin off, `qwen3`."""
