@@ -119,10 +119,15 @@ def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
 
 
+# What the shared server sets beyond the defaults: the image-URL examples fetch from a loopback
+# HTTP server, so that one host (and only it) is allowed; media URL fetching is off by default.
+SHARED_SERVER_ENV = {"ALLOWED_MEDIA_DOMAINS": "127.0.0.1"}
+
+
 @pytest.fixture(scope="session")
 def server(tiny_checkpoint, tmp_path_factory):
     """The shared server for tests that only send requests (they must not stop or break it)."""
-    srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log")
+    srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log", **SHARED_SERVER_ENV)
     try:
         ready_s = srv.wait_ready()
         print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")

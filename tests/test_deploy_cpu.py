@@ -2,13 +2,14 @@
 Docker against the real vLLM CPU server.
 
 No extra server is started here: the session's shared server (tests/conftest.py `server`) is
-started as `python entrypoint.py` with MODEL_PATH and PORT, which is the CPU image's ENTRYPOINT with
-tini dropped and /opt/minicpmv-ascend/entrypoint.py mapped to the repo file it is copied from. The
-first test proves that claim instead of assuming it: the image's command line with env/cpu.env
-(MODEL_PATH and PORT set to the shared server's) resolves, in the launcher's dry run, to exactly the
-vLLM command line the shared server is running (read from /proc), with the same runtime
-environment. So the shared server starting and answering is the CPU image's command line starting
-and answering.
+started as `python entrypoint.py` with MODEL_PATH, PORT and SHARED_SERVER_ENV (the one image host
+the image-URL examples need), which is the CPU image's ENTRYPOINT with tini dropped and
+/opt/minicpmv-ascend/entrypoint.py mapped to the repo file it is copied from. The first test
+proves that claim instead of assuming it: the image's command line with env/cpu.env (MODEL_PATH,
+PORT and SHARED_SERVER_ENV set to the shared server's) resolves, in the launcher's dry run, to
+exactly the vLLM command line the shared server is running (read from /proc), with the same
+runtime environment. So the shared server starting and answering is the CPU image's command line
+starting and answering.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
+from conftest import REPO, SHARED_SERVER_ENV, clean_env
 from test_deploy_support import (
     APP_DIR,
     RUNTIME_ENV_ALLOWLIST,
@@ -68,7 +69,7 @@ def test_cpu_image_command_is_what_the_shared_server_runs(server, tiny_checkpoin
     # 2. With the image's ENV and env/cpu.env, the launcher plans the command the server runs.
     env = {k: v for k, v in image_env(DOCKERFILE_CPU).items() if k not in CONTAINER_ONLY_ENV}
     env |= {k: v for k, v in env_mapping(CPU_ENV).items() if v}
-    env |= {"MODEL_PATH": str(tiny_checkpoint), "PORT": str(server.port)}
+    env |= {"MODEL_PATH": str(tiny_checkpoint), "PORT": str(server.port), **SHARED_SERVER_ENV}
     result = subprocess.run([*argv, "--dry-run"], env=clean_env(**env), capture_output=True, text=True,
                             timeout=180, cwd=REPO)
     assert result.returncode == 0, result.stderr + result.stdout

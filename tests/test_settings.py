@@ -151,11 +151,13 @@ def test_default_argv(tiny_checkpoint):
         "--mamba-ssm-cache-dtype": "float32",  # from the checkpoint's text_config.mamba_ssm_dtype
         "--reasoning-parser": "minicpmv",  # vLLM 0.32 registers it
         "--uvicorn-log-level": "info",
+        "--shutdown-timeout": "30",
+        "--allowed-media-domains": settings.MEDIA_FETCHING_OFF,  # media URL fetching off
     }
     for flag, value in expected.items():
         assert flag_value(args, flag) == value
     assert {"--enforce-eager", "--no-enable-prefix-caching", "--no-enable-auto-tool-choice"} <= set(args)
-    for absent in ("--tool-call-parser", "--hf-overrides", "--api-key"):
+    for absent in ("--tool-call-parser", "--hf-overrides", "--api-key", "--allowed-local-media-path"):
         assert absent not in args
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
 
@@ -217,6 +219,49 @@ def test_embedded_checkpoint_is_the_default_model(tmp_path):
     assert plan.embedded and plan.model_dir == tmp_path / settings.EMBEDDED_CHECKPOINT_NAME
     assert plan.vllm_args[0] == str(plan.model_dir)
     assert plan.env_defaults["HF_HUB_OFFLINE"] == "1"
+
+
+# --------------------------------------------------------------------------------------------
+# Media fetching: off unless hosts are listed (end-to-end proof: tests/test_security.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_media_fetching_is_off_by_default_and_opened_per_host(tiny_checkpoint, tmp_path):
+    assert flag_value(plan_for(tiny_checkpoint).vllm_args, "--allowed-media-domains") == settings.MEDIA_FETCHING_OFF
+    plan = plan_for(tiny_checkpoint, ["--allowed-media-domains", "a.example,b.example"])
+    at = plan.vllm_args.index("--allowed-media-domains")
+    assert plan.vllm_args[at + 1:at + 3] == ["a.example", "b.example"]  # vLLM's nargs="+" form
+    assert "--allowed-media-domains" not in plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="*").vllm_args
+    # Redirects could leave the allowed hosts: off unless the operator sets them.
+    assert plan.env_defaults["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    check_with_vllm(plan)
+
+
+def test_media_hosts_are_normalised_the_way_vllm_reads_a_request_url():
+    """vLLM compares the allowed names with urllib3's host of the request URL, string for string."""
+    from urllib3.util import parse_url
+
+    for written, url in [("Images.Example.COM", "http://images.example.com/a.png"),
+                         ("bücher.example", "http://bücher.example/a.png"),
+                         ("[::1]", "http://[::1]:8000/a.png"), (" 10.0.0.7 ", "https://10.0.0.7/a.png")]:
+        assert resolve([], {"ALLOWED_MEDIA_DOMAINS": written})["allowed_media_domains"] == [parse_url(url).hostname]
+    # The "off" entry is no host urllib3 could return: hosts are lower case, without spaces.
+    off = settings.MEDIA_FETCHING_OFF
+    assert off != off.lower() and " " in off
+    for bad in ("https://x.example/a.png", "*.example.com", "x.example:8080", "a b", "*,x.example"):
+        _assert_error(error_of(resolve, [], {"ALLOWED_MEDIA_DOMAINS": bad}), "allowed_media_domains", "host names")
+
+
+def test_local_media_path_is_off_by_default_and_passed_resolved(tiny_checkpoint, tmp_path):
+    (tmp_path / "media").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "media")
+    plan = plan_for(tiny_checkpoint, ALLOWED_LOCAL_MEDIA_PATH=str(tmp_path / "link"))
+    # Resolved: vLLM 0.23 compares it with the resolved parents of the requested file.
+    assert flag_value(plan.vllm_args, "--allowed-local-media-path") == str(tmp_path / "media")
+    check_with_vllm(plan)
+    for bad in ("/", "/tmp/..", "media", str(tmp_path / "absent")):  # /tmp/.. is / too
+        _assert_error(error_of(plan_for, tiny_checkpoint, ALLOWED_LOCAL_MEDIA_PATH=bad),
+                      "allowed_local_media_path", "absolute path")
 
 
 # --------------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def _setting_lines(plan: Plan) -> list[str]:
             shown = f"{shown} -> {plan.model}" if plan.embedded else shown
         elif s.name == "tool_call_parser" and effective is None:
             shown += "  (unused: enable_auto_tool_choice is false)"
-        elif s.emit in ("value", "json") and effective != value.value:
+        elif s.emit in ("value", "json", "list") and effective != value.value:
             shown += f" -> {s.display(effective) or 'not passed to vLLM'}"
         lines.append(f"  {s.name:<{width}} = {shown}  [{value.origin}]")
     return lines

@@ -32,11 +32,12 @@ import pathlib
 import re
 import shlex
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import annotated_types as at
-from pydantic import BeforeValidator, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
@@ -88,6 +89,7 @@ def _json_if_str(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_reject_bool)]
 Count = Annotated[int, BeforeValidator(_human_int), at.Ge(1)]
 Port = Annotated[int, BeforeValidator(_reject_bool), at.Ge(1), at.Le(65535)]
+Seconds = Annotated[int, BeforeValidator(_reject_bool), at.Ge(0)]
 Fraction = Annotated[float, BeforeValidator(_reject_bool), at.Gt(0), at.Le(1)]
 NonEmpty = Annotated[str, at.MinLen(1)]
 DType = Literal["bfloat16", "float16", "float32"]
@@ -99,14 +101,67 @@ MediaLimits = Annotated[
 ]
 JsonObject = Annotated[dict[str, Any], BeforeValidator(_json_if_str)]
 
+
+def _comma_list(value: Any) -> Any:
+    # Env vars and flags carry a list as "a,b"; YAML may give a list or the same string.
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _media_host(entry: str) -> str:
+    """One allowed media host, normalised the way vLLM sees a request URL's host (urllib3:
+    lower case, IDNA, IPv6 in brackets), because vLLM compares the two strings exactly."""
+    host = entry.strip()
+    if host == "*":
+        return host
+    if "://" in host:
+        raise ValueError(f"{entry!r} is a URL: give only its host name "
+                         f"({urllib.parse.urlsplit(host).hostname or 'e.g. images.example.com'})")
+    if "*" in host:
+        raise ValueError(f"{entry!r}: vLLM compares host names exactly (no wildcards): list each host")
+    try:
+        parts = urllib.parse.urlsplit("http://" + host)
+        port = parts.port
+    except ValueError:
+        port, parts = None, None
+    if parts is None or port is not None or parts.path or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{entry!r} is not a bare host name (no port, path or user)")
+    name = parts.hostname or ""
+    if ":" in name:  # an IPv6 literal
+        return f"[{name}]"
+    try:
+        name = name.encode("idna").decode("ascii")
+    except UnicodeError:
+        name = ""
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?", name):
+        raise ValueError(f"{entry!r} is not a host name")
+    return name
+
+
+def _any_alone(hosts: list[str]) -> list[str]:
+    if "*" in hosts and len(hosts) > 1:
+        raise ValueError("* (any host) makes the other host names meaningless: give one or the other")
+    return hosts
+
+
+MediaHosts = Annotated[list[Annotated[str, AfterValidator(_media_host)]],
+                       BeforeValidator(_comma_list), AfterValidator(_any_alone)]
+# vLLM has no switch that turns media URL fetching off: an empty --allowed-media-domains means
+# *every* host. So "off" is an allow-list holding only this entry, which can never equal a URL's
+# host (spaces and parentheses are not allowed in one). vLLM quotes it in its 400 answer, so it
+# doubles as the client's hint.
+MEDIA_FETCHING_OFF = "none (fetching media by URL is off; send images as data: URLs)"
+
 # How a setting reaches vLLM.
 #   value       --flag VALUE (omitted when the effective value is None)
 #   bool        --flag / --no-flag (vLLM's BooleanOptionalAction)
 #   json        --flag '{"compact": "json"}' (omitted when empty)
+#   list        --flag A B (vLLM's nargs="+"; omitted when the effective value is None)
 #   positional  the MODEL argument of `vllm serve`
 #   env         only through the exec'd process's environment (secrets)
 #   launcher    used by the launcher itself, never by vLLM
-Emit = Literal["value", "bool", "json", "positional", "env", "launcher"]
+Emit = Literal["value", "bool", "json", "list", "positional", "env", "launcher"]
 Source = Literal["default", "yaml", "env", "cli"]
 
 
@@ -134,7 +189,9 @@ class Setting:
     def display(self, value: Any) -> str:
         if self.secret and value:
             return REDACTED
-        if isinstance(value, (dict, list)):
+        if isinstance(value, list):
+            return ",".join(value)  # as it is written in env vars and flags
+        if isinstance(value, dict):
             return json.dumps(value, separators=(",", ":"))
         if isinstance(value, bool):
             return str(value).lower()
@@ -205,6 +262,26 @@ SETTINGS: tuple[Setting, ...] = (
             "M-RoPE fix.", emit="json", flag="--hf-overrides"),
     Setting("uvicorn_log_level", LogLevel, "info", "Log level of the HTTP server.",
             flag="--uvicorn-log-level"),
+    # 30 s: enough for a typical answer (a few hundred tokens) to finish, short enough for a
+    # rolling update; the deploy files give the orchestrator a longer grace period than this.
+    Setting("shutdown_timeout", Seconds, 30,
+            "Seconds in-flight requests may still run after SIGTERM before vLLM aborts them and "
+            "exits (0, vLLM's default: abort at once). Keep it below the orchestrator's grace "
+            "period (Kubernetes terminationGracePeriodSeconds, compose stop_grace_period). On "
+            "vLLM 0.32 an aborted request's open connection can keep the server from exiting "
+            "until it is killed (docs/reliability.md).",
+            flag="--shutdown-timeout"),
+    Setting("allowed_media_domains", MediaHosts, [],
+            "Hosts whose http(s) image URLs the server may fetch (comma-separated, exact host names "
+            "as in the URL, e.g. `images.example.com,10.0.0.7`). Empty: fetching media by URL is "
+            "off (no SSRF), clients send images inline as data: URLs; `*`: any host (vLLM's own "
+            "default, not recommended). Redirects are not followed (the launcher sets "
+            "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0 unless you do): vLLM checks only the first URL's host.",
+            emit="list", flag="--allowed-media-domains"),
+    Setting("allowed_local_media_path", str, "",
+            "Server directory whose files clients may send as file:// image URLs (absolute path "
+            "of an existing directory, not /). Empty: file:// URLs are refused.",
+            flag="--allowed-local-media-path"),
     Setting("api_key", str, "",
             "API key clients must send as `Authorization: Bearer ...`; reaches vLLM only "
             "through its environment, never its command line or logs.",
@@ -280,6 +357,8 @@ def describe_type(tp: Any) -> str:
     if get_origin(tp) is dict:
         keys, values = get_args(tp)
         return f"JSON object ({describe_type(keys).removeprefix('one of ')} -> {describe_type(values)})"
+    if get_origin(tp) is list:
+        return "comma-separated list of host names, or *"  # the only list setting: media hosts
     return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(tp, "any")
 
 
@@ -419,15 +498,20 @@ def _cli_layer(args: Sequence[str]) -> tuple[dict[str, Value], list[str]]:
         setting, boolean = hit
         origin = f"cli flag {spelled}"
         if boolean is not None:
-            values[setting.name] = Value(boolean, "cli", origin)
-            i += 1
-            continue
-        if not has_value:
-            if i + 1 >= len(args):
-                raise ConfigError(setting.name, '""', origin, f"{spelled} needs a value",
-                                  f"write {spelled} VALUE ({describe_type(setting.type)})")
-            inline, i = args[i + 1], i + 1
-        values[setting.name] = _coerce(setting, inline, "cli", origin)
+            value = Value(boolean, "cli", origin)
+        else:
+            if not has_value:
+                if i + 1 >= len(args):
+                    raise ConfigError(setting.name, '""', origin, f"{spelled} needs a value",
+                                      f"write {spelled} VALUE ({describe_type(setting.type)})")
+                inline, i = args[i + 1], i + 1
+            value = _coerce(setting, inline, "cli", origin)
+        if setting.name in values:  # vLLM would silently keep the last one
+            first = values[setting.name]
+            raise _error(setting, value, f"given twice on the command line: "
+                         f"the first was {first.origin.removeprefix('cli flag ')} = {setting.display(first.value)}",
+                         f"keep one {setting.flag} (or set {setting.env} instead)")
+        values[setting.name] = value
         i += 1
     return values, rest
 
@@ -759,6 +843,23 @@ def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, 
                  "more devices visible to the container")
 
 
+def _check_local_media(resolution: Resolution) -> None:
+    setting, path = SETTINGS_BY_NAME["allowed_local_media_path"], resolution.values["allowed_local_media_path"]
+    if not path.value:
+        return
+    directory = pathlib.Path(path.value)
+    if not directory.is_absolute():
+        why = "a relative path (it would depend on the server's working directory)"
+    elif not directory.is_dir():
+        why = "no such directory" if not directory.exists() else "it is a file, not a directory"
+    elif directory.resolve() == pathlib.Path(directory.anchor):
+        why = "the whole file system: any request could read any file the server can read"
+    else:
+        return
+    raise _error(setting, path, why, f"set {_fix_where(setting, path)} to the absolute path of a "
+                 "directory that holds only media clients may read, or leave it empty (file:// off)")
+
+
 def _check_platform(resolution: Resolution, platform: str) -> None:
     allowed = PLATFORM_DTYPES.get(platform)
     dtype = resolution.values["dtype"]
@@ -783,6 +884,11 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
         eff["mamba_ssm_cache_dtype"] = declared if declared in ("float32", "bfloat16", "float16") else "float32"
     if not eff["enable_auto_tool_choice"]:
         eff["tool_call_parser"] = None  # vLLM only uses it for automatic tool choice
+    hosts = eff["allowed_media_domains"]
+    eff["allowed_media_domains"] = None if hosts == ["*"] else (hosts or [MEDIA_FETCHING_OFF])
+    local = eff["allowed_local_media_path"]
+    # Resolved: vLLM 0.23 compares it with the resolved parents of the requested file.
+    eff["allowed_local_media_path"] = str(pathlib.Path(local).resolve()) if local else None
     return eff
 
 
@@ -793,6 +899,8 @@ def setting_argv(setting: Setting, value: Any) -> list[str]:
         return [flag if value else "--no-" + flag.removeprefix("--")]
     if setting.emit == "json":
         return [flag, json.dumps(value, separators=(",", ":"))] if value else []
+    if setting.emit == "list":
+        return [flag, *value] if value is not None else []
     if setting.emit == "value" and value is not None:
         return [flag, str(value)]
     return []  # positional, env, launcher, or not passed
@@ -842,8 +950,11 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
     _check_devices(resolution, platform, environ)
     _check_platform(resolution, platform)
+    _check_local_media(resolution)
     effective = _effective(resolution, config)
-    env_defaults: dict[str, str] = {}
+    # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
+    # allowed host could lead anywhere (an internal address, SSRF).
+    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":
@@ -888,7 +999,7 @@ def _validate_serve_args(namespace: argparse.Namespace) -> None:
 
 
 def _same(parsed: Any, expected: Any) -> bool:
-    if isinstance(parsed, list) and len(parsed) == 1:
+    if isinstance(parsed, list) and len(parsed) == 1 and not isinstance(expected, list):
         parsed = parsed[0]  # nargs="+" flags such as --served-model-name
     if not parsed and not expected:
         return True  # None, "" and {} all mean "not set"
