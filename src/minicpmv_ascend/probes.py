@@ -183,7 +183,10 @@ def _describe_os_error(reason: object, timeout: float) -> str:
     if isinstance(reason, TimeoutError):
         return f"timed out after {timeout:g} s"
     if isinstance(reason, ConnectionRefusedError):
-        return "connection refused (is the server running on this host and port?)"
+        # vLLM binds its port at once but listens only when the model is loaded: during the
+        # whole start-up (minutes on a cold NPU) a probe sees this, not a timeout.
+        return ("connection refused: nothing listens on this port yet (the server is still "
+                "starting and loading the model, or it is not running on this host and port)")
     if isinstance(reason, socket.gaierror):
         return f"cannot resolve the host name ({reason.strerror})"
     if isinstance(reason, ConnectionResetError):

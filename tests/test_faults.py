@@ -1,0 +1,386 @@
+"""Load and faults against the real vLLM CPU server: overload, SIGTERM with requests in flight,
+engine death, slow start. Each test owns its server (one at a time) and always stops it.
+
+The figures (latencies, RSS, timings) are printed for the report (`pytest -s`), never asserted:
+this machine is shared. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import json
+import os
+import pathlib
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from PIL import Image
+
+from conftest import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
+
+PROBE = REPO / "healthcheck" / "probe.py"
+BURST = 64  # concurrent requests per burst
+BURSTS = 5  # identical bursts in a row, to tell a leak (keeps growing) from warm-up (levels off)
+MAX_NUM_SEQS = 4  # so that 60 of the 64 wait in vLLM's queue
+REQUEST_TIMEOUT_S = 300  # no request of a burst may take longer: a hang fails the test
+# RSS of the API server + EngineCore + worker, in MiB. Measured on the tiny model: +500 over the
+# first 3-4 bursts (allocator arenas, caches), then flat (+3 over bursts 5-8). A leak keeps
+# growing: the last two bursts may add at most LEAK_BOUND, all of them at most WARMUP_BOUND.
+RSS_LEAK_BOUND_MIB = 128
+RSS_WARMUP_BOUND_MIB = 1024
+QUEUE_LIMIT = 8  # vLLM's --max-num-queued-reqs on the engine-death server: 503 beyond it
+SHUTDOWN_TIMEOUT_S = 20  # the SHUTDOWN_TIMEOUT setting of the overload/SIGTERM server
+# In-flight requests that fit in the shutdown timeout (~2.5 s on a quiet machine at about 200
+# tokens/s per request, ~8 s when other servers share the 2 cores), and ones that do not (~40 s).
+SHORT_TOKENS = 500
+LONG_TOKENS = 8000
+IN_FLIGHT_CLIENT_TIMEOUT_S = SHUTDOWN_TIMEOUT_S + 25  # when a client of a request gives up
+ENGINE_DEATH_EXIT_BOUND_S = 120  # the server must exit within this after its engine dies
+STARTUP_MESSAGE = "still starting"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def process_name(pid: int) -> str:
+    """vLLM names its processes (setproctitle): VLLM::EngineCore, VLLM::Worker."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")[0]
+    except OSError:
+        return ""
+
+
+def engine_core_pid(api_pid: int) -> int:
+    cores = [pid for pid in children(api_pid) if process_name(pid).startswith("VLLM::EngineCore")]
+    assert len(cores) == 1, f"expected one EngineCore child of {api_pid}, found {cores}"
+    return cores[0]
+
+
+def rss_mib(pid: int) -> float:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+def server_rss(api_pid: int) -> dict[str, float]:
+    """RSS of the API server, its EngineCore and the EngineCore's worker(s), in MiB."""
+    core = engine_core_pid(api_pid)
+    rss = {"api_server": rss_mib(api_pid), "engine_core": rss_mib(core)}
+    for pid in children(core):
+        if process_name(pid).startswith("VLLM::"):
+            rss[process_name(pid).removeprefix("VLLM::").lower()] = rss_mib(pid)
+    rss["total"] = sum(rss.values())
+    return {k: round(v, 1) for k, v in rss.items()}
+
+
+def png_data_url(width: int, height: int) -> str:
+    image = Image.new("RGB", (width, height), (255, 255, 255))
+    image.paste((200, 30, 30), (width // 4, height // 4, 3 * width // 4, 3 * height // 4))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+IMAGE_SIZES = ((448, 448), (1084, 820), (64, 512), (96, 64))
+
+
+def chat_body(model: str, index: int, max_tokens: int = 32, **extra) -> dict:
+    """Request `index` of a burst: even ones text, odd ones an image of one of four sizes."""
+    content: str | list = f"Request {index}: tell me about the number {index}."
+    if index % 2:
+        url = png_data_url(*IMAGE_SIZES[(index // 2) % len(IMAGE_SIZES)])
+        content = [{"type": "image_url", "image_url": {"url": url}},
+                   {"type": "text", "text": "Describe the image."}]
+    return {"model": model, "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+def post_chat(base_url: str, body: dict, timeout: float) -> dict:
+    """One request; the outcome as data: status, finish_reason/tokens or the error, seconds."""
+    request = urllib.request.Request(f"{base_url}/v1/chat/completions", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    start = time.monotonic()
+    outcome: dict = {}
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.loads(response.read())
+            outcome = {"status": response.status,
+                       "finish_reason": answer["choices"][0]["finish_reason"],
+                       "completion_tokens": answer["usage"]["completion_tokens"]}
+    except urllib.error.HTTPError as error:
+        body_text = error.read().decode(errors="replace")
+        try:
+            message = json.loads(body_text)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = None  # not vLLM's JSON error shape
+        outcome = {"status": error.code, "error": message, "body": body_text[:300]}
+    except (OSError, ValueError) as error:  # timeout, refused, reset, truncated body
+        outcome = {"status": None, "exception": f"{type(error).__name__}: {error}"}
+    outcome["seconds"] = round(time.monotonic() - start, 2)
+    outcome["done_at"] = time.monotonic()
+    return outcome
+
+
+def burst(base_url: str, model: str, size: int) -> tuple[list[dict], float]:
+    """`size` concurrent mixed requests; their outcomes and the wall time of the burst."""
+    bodies = [chat_body(model, i) for i in range(size)]
+    start = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=size) as pool:
+        outcomes = list(pool.map(lambda b: post_chat(base_url, b, REQUEST_TIMEOUT_S), bodies))
+    return outcomes, time.monotonic() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(outcomes: list[dict], wall_s: float) -> str:
+    latencies = [o["seconds"] for o in outcomes]
+    statuses: dict[str, int] = {}
+    for outcome in outcomes:
+        key = str(outcome["status"])
+        statuses[key] = statuses.get(key, 0) + 1
+    return (f"{len(outcomes)} requests in {wall_s:.1f} s: statuses {statuses}, latency "
+            f"p50 {statistics.median(latencies):.2f} s, p99 {percentile(latencies, 0.99):.2f} s, "
+            f"max {max(latencies):.2f} s")
+
+
+def assert_clean(outcomes: list[dict]) -> None:
+    """Every request completed, or was rejected with vLLM's JSON error: nothing hung or broke."""
+    for outcome in outcomes:
+        assert outcome["status"] is not None, f"no HTTP answer: {outcome}"
+        if outcome["status"] == 200:
+            assert outcome["finish_reason"] in ("stop", "length"), outcome
+        else:
+            assert 400 <= outcome["status"] < 600 and outcome["error"], outcome
+
+
+def run_probe(mode: str, base_url: str, timeout: float = 5) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "API_KEY_FILE")}
+    return subprocess.run([sys.executable, str(PROBE), mode, "--url", base_url,
+                           "--timeout", str(timeout)],
+                          env=env, capture_output=True, text=True, timeout=timeout + 30)
+
+
+def running_requests(base_url: str) -> float:
+    """vLLM's gauge of requests the engine is running now (0 when /metrics does not answer)."""
+    try:
+        status, body = http_get(f"{base_url}/metrics", timeout=5)
+    except OSError:
+        return 0
+    match = re.search(rb"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)", body, re.M)
+    return float(match.group(1)) if status == 200 and match else 0
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.2) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if condition():
+            return time.monotonic() - start
+        time.sleep(interval)
+    pytest.fail(f"{what}: not within {timeout} s")
+
+
+def in_background(function, *args) -> tuple[threading.Thread, dict]:
+    """Run function(*args) in a thread; its return value lands in result['value']."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(value=function(*args)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def stop_all(srv) -> None:
+    """SIGKILL the server and whatever is left of its process group (EngineCore, worker)."""
+    srv.stop(signal.SIGKILL)
+    try:
+        os.killpg(srv.process.pid, signal.SIGKILL)  # start_server made it a group leader
+    except ProcessLookupError:
+        pass
+
+
+# ------------------------------------------------------------------ overload, then SIGTERM
+
+
+def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path):
+    """Five bursts of 64 concurrent mixed text/image requests against MAX_NUM_SEQS=4, then
+    SIGTERM while two short and two long requests run, with SHUTDOWN_TIMEOUT=20."""
+    srv = start_server(tiny_checkpoint, tmp_path / "server.log",
+                       MAX_NUM_SEQS=str(MAX_NUM_SEQS), SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S))
+    try:
+        print(f"\nserver ready in {srv.wait_ready():.1f} s")
+        pid = srv.process.pid  # the launcher execs: this is vLLM's API server
+
+        rss = [server_rss(pid)]
+        print(f"RSS MiB before: {rss[0]}")
+        for number in range(1, BURSTS + 1):
+            outcomes, wall_s = burst(srv.base_url, srv.model, BURST)
+            assert_clean(outcomes)
+            time.sleep(3)  # let finished requests be freed before measuring
+            rss.append(server_rss(pid))
+            print(f"burst {number}: {summarize(outcomes, wall_s)}\n  RSS MiB after: {rss[-1]}")
+        assert rss[-1]["total"] - rss[-3]["total"] < RSS_LEAK_BOUND_MIB, rss
+        assert rss[-1]["total"] - rss[0]["total"] < RSS_WARMUP_BOUND_MIB, rss
+        assert http_get(f"{srv.base_url}/health")[0] == 200
+        assert run_probe("live", srv.base_url).returncode == 0
+
+        # SIGTERM with 2 short and 2 long requests running.
+        def start_in_flight(index: int, tokens: int):
+            body = chat_body(srv.model, index, tokens, ignore_eos=True)
+            return in_background(post_chat, srv.base_url, body, IN_FLIGHT_CLIENT_TIMEOUT_S)
+
+        short = [start_in_flight(i, SHORT_TOKENS) for i in (0, 1)]
+        long = [start_in_flight(i, LONG_TOKENS) for i in (2, 4)]
+        wait_until(lambda: running_requests(srv.base_url) >= 4, 60, "4 requests running")
+        sigterm_at = time.monotonic()
+        srv.process.send_signal(signal.SIGTERM)
+
+        time.sleep(1)  # the drain has begun: what do a new request and /health get now?
+        health_during_drain = http_get(f"{srv.base_url}/health")[0]
+        late = post_chat(srv.base_url, chat_body(srv.model, 6, 4), 30)
+        print(f"during the drain: /health {health_during_drain}, a new request: {late}")
+
+        for thread, _ in short + long:
+            thread.join(IN_FLIGHT_CLIENT_TIMEOUT_S + 10)
+        try:
+            code = srv.process.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"server still running {time.monotonic() - sigterm_at:.0f} s after "
+                        f"SIGTERM:\n{srv.log_tail()}")
+        exit_s = time.monotonic() - sigterm_at
+        short_outcomes = [result["value"] for _, result in short]
+        long_outcomes = [result["value"] for _, result in long]
+        print(f"SIGTERM -> exit {code} in {exit_s:.1f} s (SHUTDOWN_TIMEOUT={SHUTDOWN_TIMEOUT_S})"
+              f"\n  short in-flight: {short_outcomes}\n  long in-flight: {long_outcomes}")
+
+        # What fits in the shutdown timeout finishes, complete (and was running at SIGTERM).
+        for outcome in short_outcomes:
+            assert outcome["status"] == 200, outcome
+            assert outcome["completion_tokens"] == SHORT_TOKENS, outcome
+            assert outcome["done_at"] > sigterm_at, "finished before SIGTERM: nothing tested"
+        # A new request during the drain is refused, not served (vLLM 0.32: HTTP 500, see
+        # docs/reliability.md), and it is answered at once rather than left hanging.
+        assert late["status"] != 200 and late["seconds"] < 30, late
+        # What does not fit is cut at the timeout: never a complete answer. (vLLM 0.32 usually
+        # sends these no answer at all and exits when their clients give up; sometimes a 500:
+        # finding 1 in docs/reliability.md.)
+        for outcome in long_outcomes:
+            assert outcome.get("completion_tokens") != LONG_TOKENS, outcome
+        assert code == 0, srv.log_tail()
+        log = srv.log_path.read_text()
+        assert f"mode=drain timeout={SHUTDOWN_TIMEOUT_S}s" in log
+    finally:
+        stop_all(srv)
+
+
+# ------------------------------------------------------------------ slow start, engine death
+
+
+def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
+    """While the model loads, the probes say "starting" (not ready, not a crash). Once ready, a
+    burst against vLLM's --max-num-queued-reqs: the excess is refused with 503 at once. Then
+    SIGKILL of the EngineCore: /health stops answering 200, `probe.py live` fails and the server
+    exits non-zero by itself, so that Docker/Kubernetes restart it."""
+    srv = start_server(tiny_checkpoint, tmp_path / "server.log",
+                       "--max-num-queued-reqs", str(QUEUE_LIMIT))
+    try:
+        # Slow start: probe until ready; every failure must say the server is starting.
+        seen: list[tuple[str, int, str]] = []
+        start = time.monotonic()
+        while True:
+            assert srv.process.poll() is None, srv.log_tail()
+            elapsed = time.monotonic() - start
+            assert elapsed < SERVER_READY_TIMEOUT_S, f"not ready:\n{srv.log_tail()}"
+            results = {mode: run_probe(mode, srv.base_url) for mode in ("live", "ready")}
+            failed = [(mode, r.returncode, r.stderr.strip()) for mode, r in results.items()
+                      if r.returncode != 0]  # the server may turn ready between the two
+            if not failed:
+                break
+            seen.extend(failed)
+            time.sleep(1)
+        ready_s = time.monotonic() - start
+        print(f"\nready after {ready_s:.1f} s; {len(seen)} failed probes before, e.g. "
+              f"{seen[:1]} ... {seen[-1:]}")
+        assert seen, "the server was ready before the first probe: nothing was tested"
+        for mode, code, message in seen:
+            assert code == 1 and STARTUP_MESSAGE in message, (mode, code, message)
+
+        # A bounded queue: what does not fit is refused at once, with a reason, not queued.
+        outcomes, wall_s = burst(srv.base_url, srv.model, BURST)
+        refused = [o for o in outcomes if o["status"] != 200]
+        print(f"burst with --max-num-queued-reqs {QUEUE_LIMIT}: {summarize(outcomes, wall_s)}; "
+              f"e.g. {refused[:1]}")
+        assert_clean(outcomes)
+        assert len(refused) < BURST, "nothing was served"
+        assert any(o["status"] == 503 for o in refused), "the queue limit refused nothing"
+        # vLLM 0.32 finding: the API server's multimodal cache marks an image as sent to the
+        # engine before the queue limit refuses its request, so the next request with that
+        # image can fail once with 500 "Internal server error"; a retry succeeds
+        # (docs/reliability.md, Load and faults).
+        assert {o["status"] for o in refused} <= {503, 500}, refused
+        assert all("busy" in o["error"] for o in refused if o["status"] == 503), refused
+        assert http_get(f"{srv.base_url}/health")[0] == 200
+
+        # Engine death with a request in flight.
+        thread, result = in_background(post_chat, srv.base_url, chat_body(
+            srv.model, 0, LONG_TOKENS, ignore_eos=True), 120)
+        wait_until(lambda: running_requests(srv.base_url) >= 1, 60, "the request running")
+        core = engine_core_pid(srv.process.pid)
+        killed_at = time.monotonic()
+        os.kill(core, signal.SIGKILL)
+
+        health: list[object] = []  # what /health answered once it stopped answering 200
+
+        def health_not_200() -> bool:
+            try:
+                health[:] = [http_get(f"{srv.base_url}/health", timeout=5)[0]]
+            except OSError as error:
+                health[:] = [f"{type(error).__name__}: {error}"]
+            return health[0] != 200
+
+        unhealthy_s = wait_until(health_not_200, 60, "/health still 200 after engine death")
+        live = run_probe("live", srv.base_url)
+        try:
+            code = srv.process.wait(ENGINE_DEATH_EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"server still running {ENGINE_DEATH_EXIT_BOUND_S} s after its engine "
+                        f"died:\n{srv.log_tail()}")
+        exit_s = time.monotonic() - killed_at
+        thread.join(130)
+        in_flight = result.get("value") or {}
+        print(f"EngineCore SIGKILL: /health {health[0]} after {unhealthy_s:.1f} s, probe live: "
+              f"exit {live.returncode} {live.stderr.strip()!r}; server exit {code} after "
+              f"{exit_s:.1f} s; in-flight request: {in_flight}")
+        assert live.returncode == 1
+        # The request in flight is told, at once, that the engine is gone.
+        assert in_flight.get("status") == 500 and "EngineCore" in in_flight["error"], in_flight
+        if code == 0:
+            # Docker (restart: unless-stopped) and Kubernetes (restartPolicy: Always) restart it
+            # anyway; `restart: on-failure` or systemd's Restart=on-failure would not.
+            pytest.xfail("finding: vLLM 0.32's API server exits 0 after its engine died "
+                         "(docs/reliability.md, Load and faults)")
+        assert code != 0
+    finally:
+        stop_all(srv)
