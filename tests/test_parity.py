@@ -1,0 +1,253 @@
+"""The accuracy parity command, run for real: HF transformers fp32 as the reference, real vLLM CPU
+servers (bf16) as candidates, the built-in prompt set with PIL-drawn images.
+
+Healthy servers pass. Three servers that are broken for real fail, and the report names the subset
+that is broken: a checkpoint whose vision merger is never reached, a server fed different image
+preprocessing, and a checkpoint with one corrupted weight tensor. Each extra server is started
+inside its test and stopped before the next one starts (one at a time on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env, free_port, start_server
+from minicpmv_ascend import parity_prompts
+
+pytestmark = pytest.mark.server
+
+PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
+# Prompts the shared server accepts (it is started without --trust-request-mm-kwargs, so it refuses
+# per-request processor options): text, reasoning, square / non-square / multi-image.
+DEFAULT_OPTION_PROMPTS = ("text-greeting,reasoning-arithmetic,image-square-448,image-1084x820,"
+                          "multi-image-2,multi-image-2-nonsquare")
+# The tiny random checkpoint's logits reach |z| of 32-64, where bf16 steps by 0.25-0.5 nat: a few
+# positions whose reference top-1/top-2 gap is below 0.1 nat flip between two healthy runs (measured:
+# 98.1% top-1 agreement for HF fp32 vs vLLM bf16 on multi-image, all at gaps < 0.1, no confident
+# flip). FACTS' 98.5% is meant for the released model; here the bar is lowered and the other bars
+# (confident flips, floor ratios) carry the check.
+TINY_MODEL_THRESHOLDS = ("--threshold", "top1_min=0.95")
+
+
+def run_parity(out: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The command as a user runs it; returns the process and its JSON report (None if none)."""
+    process = subprocess.run(
+        [sys.executable, "-m", "minicpmv_ascend.parity", "--out", str(out), *args],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
+    )
+    report_path = out / "parity.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return process, report
+
+
+def verdicts(report: dict, run: str = "candidate") -> dict[str, bool]:
+    entry = report["floor"] if run == "floor" else report["candidates"][0]
+    return {subset: s["passed"] for subset, s in entry["evaluation"]["subsets"].items()}
+
+
+def failed_checks(report: dict, subset: str) -> set[str]:
+    checks = report["candidates"][0]["evaluation"]["subsets"][subset]["checks"]
+    return {c["check"] for c in checks if c["passed"] is False}
+
+
+@contextlib.contextmanager
+def own_server(checkpoint: pathlib.Path, log: pathlib.Path, *args: str):
+    srv = start_server(checkpoint, log, *args)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def copy_checkpoint(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# Usage errors: exit 2 with a message that says what is wrong and how to fix it
+
+
+def test_bad_reference_directory_is_a_usage_error(tmp_path):
+    process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tmp_path}", "--candidate", "http://127.0.0.1:9")
+    assert process.returncode == 2, process.stderr
+    assert "no config.json" in process.stderr and "hf:/path/to/checkpoint" in process.stderr
+    assert report is None
+
+
+@pytest.mark.parametrize("url, why", [
+    ("localhost:8000", "not an http(s) base URL"),
+    ("http://127.0.0.1:8000/v1", "without /v1"),
+])
+def test_malformed_candidate_url_is_a_usage_error(tmp_path, tiny_checkpoint, url, why):
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", url)
+    assert process.returncode == 2 and why in process.stderr, process.stderr
+
+
+def test_unreachable_candidate_is_a_usage_error(tmp_path, tiny_checkpoint):
+    url = f"http://127.0.0.1:{free_port()}"
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", url)
+    assert process.returncode == 2, process.stderr
+    assert f"candidate {url}: GET /v1/models failed" in process.stderr and "connection refused" in process.stderr
+
+
+@pytest.mark.parametrize("threshold, why", [
+    ("top1=0.9", "NAME one of"),
+    ("top1_min=high", "is not a number"),
+    ("top1_min=-1", ">= 0"),
+])
+def test_bad_threshold_is_a_usage_error(tmp_path, tiny_checkpoint, threshold, why):
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", "http://127.0.0.1:9",
+                            "--threshold", threshold)
+    assert process.returncode == 2 and why in process.stderr, process.stderr
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"id": "x", "text": "hi"', "not valid JSON"),
+    ('{"id": "x"}', "`text` must be a non-empty string"),
+    ('{"id": "x", "text": "hi", "colour": 1}', "unknown field(s) colour"),
+    ('{"id": "x", "text": "hi", "images": [{"width": 0, "height": 5}]}', "an image must be"),
+    ('{"id": "x", "text": "hi", "images": [{"path": "missing.png"}]}', "does not exist"),
+    ('{"id": "x", "text": "hi", "mm_processor_kwargs": {"downsample_mode": "8x"}}', "must be one of 16x, 4x"),
+    ('{"id": "text-greeting", "text": "hi"}', "defined twice"),
+])
+def test_bad_prompt_file_line_is_a_usage_error(tmp_path, tiny_checkpoint, line, why):
+    prompts = tmp_path / "extra.jsonl"
+    prompts.write_text('# my prompts\n{"id": "ok", "text": "fine"}\n' + line + "\n")
+    process, _ = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", "--candidate",
+                            "http://127.0.0.1:9", "--prompts", str(prompts))
+    assert process.returncode == 2, process.stderr
+    assert why in process.stderr, process.stderr
+    if why != "defined twice":
+        assert f"{prompts}:3:" in process.stderr  # names the file and line
+
+
+def test_unknown_prompt_id_and_missing_prompt_file_are_usage_errors(tmp_path, tiny_checkpoint):
+    common = ("--reference", f"hf:{tiny_checkpoint}", "--candidate", "http://127.0.0.1:9")
+    process, _ = run_parity(tmp_path, *common, "--prompt", "no-such-prompt")
+    assert process.returncode == 2 and "unknown prompt id(s) no-such-prompt" in process.stderr
+    process, _ = run_parity(tmp_path, *common, "--no-builtin")
+    assert process.returncode == 2 and "--no-builtin needs --prompts" in process.stderr
+
+
+def test_server_refusing_per_request_processor_options_is_a_usage_error(tmp_path, tiny_checkpoint, server):
+    """vLLM 0.32 refuses per-request mm_processor_kwargs unless started with --trust-request-mm-kwargs:
+    the command says so instead of reporting a broken model."""
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", server.base_url,
+                            "--prompt", "image-4x-1084x820")
+    assert process.returncode == 2, process.stderr
+    assert "--trust-request-mm-kwargs" in process.stderr and "image-4x-1084x820" in process.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Healthy: HF fp32 vs vLLM bf16 passes
+
+
+def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoint):
+    """The whole built-in set (4x/16x and per-request slicing need --trust-request-mm-kwargs, so a
+    server of this test's own), plus one prompt from a JSONL file with a PNG file of its own."""
+    picture = tmp_path / "picture.png"
+    parity_prompts.draw_image(300, 200, seed=99).save(picture)
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"id": "jsonl-file-image", "text": "What is this?", "images": [{"path": "picture.png"}]}) + "\n")
+    with own_server(tiny_checkpoint, tmp_path / "healthy.log", "--trust-request-mm-kwargs") as healthy:
+        process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}",
+                                     "--candidate", healthy.base_url, "--prompts", str(extra), *TINY_MODEL_THRESHOLDS)
+    print(process.stdout)
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert report["passed"] and report["prompt_set_version"] == parity_prompts.PROMPT_SET_VERSION
+    assert len(report["prompts"]) == len(parity_prompts.BUILTIN_PROMPTS) + 1
+    assert verdicts(report) == {"text": True, "image": True, "multi-image": True}
+    for subset, s in report["candidates"][0]["evaluation"]["subsets"].items():
+        m = s["metrics"]
+        assert m["prompt_id_mismatches"] == 0 and m["errors"] == 0 and m["confident_flips"] == 0, subset
+        assert m["positions"] >= 100, subset  # enough teacher-forced positions to mean something
+    assert "PASS" in process.stdout and "multi-image" in process.stdout  # the terminal table
+    assert (tmp_path / "out" / "parity.md").read_text().startswith("# Accuracy parity report")
+
+
+def test_hf_fp32_vs_shared_server_passes_against_its_floor(tmp_path, tiny_checkpoint, server):
+    """The shared server as candidate and as floor: every bar, floor-relative ones included, passes."""
+    process, report = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", server.base_url,
+                                 "--floor", server.base_url, "--prompt", DEFAULT_OPTION_PROMPTS, *TINY_MODEL_THRESHOLDS)
+    assert process.returncode == 0, process.stdout + process.stderr
+    checks = [c for s in report["candidates"][0]["evaluation"]["subsets"].values() for c in s["checks"]]
+    assert {c["check"] for c in checks} >= {"median |dlogprob| vs floor", "p99 |dlogprob| vs floor", "top-1 vs floor"}
+    assert all(c["passed"] for c in checks)
+
+
+def test_endpoint_reference_against_itself_is_exact(tmp_path, server):
+    """An OpenAI-compatible reference (the user's GPU server, say): the same server as reference and
+    candidate gives identical ids and logprobs, so every difference measured elsewhere is real."""
+    process, report = run_parity(tmp_path, "--reference", server.base_url, "--candidate", server.base_url,
+                                 "--prompt", "text-greeting,image-1084x820")
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert report["reference"] == server.base_url
+    for s in report["candidates"][0]["evaluation"]["subsets"].values():
+        m = s["metrics"]
+        assert m["positions"] > 0 and m["max_abs_dlogprob"] == 0 and m["top1_agreement"] == 1
+        assert m["free_run_identical"] == m["free_runs"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken candidates fail, and the report points at the broken subset
+
+
+def broken_run(tmp_path, tiny_checkpoint, server, checkpoint, *server_args):
+    with own_server(checkpoint, tmp_path / "broken.log", *server_args) as broken:
+        process, report = run_parity(
+            tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", "--candidate", broken.base_url,
+            "--floor", server.base_url, "--prompt", DEFAULT_OPTION_PROMPTS, *TINY_MODEL_THRESHOLDS)
+    print(process.stdout)
+    assert process.returncode == 1, process.stdout + process.stderr
+    assert not report["passed"]
+    # The floor (HF fp32 vs the healthy shared server) passes on its own: the failure is the candidate's.
+    assert all(verdicts(report, "floor").values()), verdicts(report, "floor")
+    return report
+
+
+def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
+    """insert_layer_id at the vision layer count: the vit_merger is never reached (FACTS §6)."""
+    checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "no-merger")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["insert_layer_id"] = config["vision_config"]["num_hidden_layers"]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    report = broken_run(tmp_path, tiny_checkpoint, server, checkpoint)
+    assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
+
+
+def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
+    """A server whose image slicing differs (max_slice_nums 1 instead of the checkpoint's 9)."""
+    report = broken_run(tmp_path, tiny_checkpoint, server, tiny_checkpoint,
+                        "--mm-processor-kwargs", '{"max_slice_nums": 1}')
+    assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
+    assert "prompt ids identical" in failed_checks(report, "image")
+    markdown = (tmp_path / "out" / "parity.md").read_text()
+    assert "image-1084x820" in markdown and "token ids differ from index" in markdown
+
+
+def test_one_corrupted_weight_tensor_fails_the_text_subset(tmp_path, tiny_checkpoint, server):
+    """Noise on one MLP weight of the text model (the kind of damage a bad conversion leaves)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "corrupted")
+    weights = load_file(checkpoint / "model.safetensors")
+    name = "model.language_model.layers.2.mlp.down_proj.weight"
+    tensor = weights[name].float()
+    generator = torch.Generator().manual_seed(0)
+    weights[name] = (tensor + torch.randn(tensor.shape, generator=generator) * tensor.std()).to(weights[name].dtype)
+    save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    report = broken_run(tmp_path, tiny_checkpoint, server, checkpoint)
+    assert verdicts(report)["text"] is False
+    assert failed_checks(report, "text") & {"confident flips", "median |dlogprob| vs floor", "p99 |dlogprob| vs floor"}
+    plots = list((tmp_path / "out" / "plots").glob("*.png"))
+    assert plots and all(p.stat().st_size > 1000 for p in plots)  # |delta logprob| per position, failing prompts
