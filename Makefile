@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023 parity bench
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -21,6 +21,13 @@ $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
 
 serve: venv
 	$(VPY) entrypoint.py $(ARGS)
+
+# Accuracy parity (docs/parity.md) and benchmarks (docs/performance.md); their options go in ARGS.
+parity: venv
+	$(VPY) -m minicpmv_ascend.parity $(ARGS)
+
+bench: venv
+	$(VPY) -m minicpmv_ascend.bench $(ARGS)
 
 # Two pytest runs: the plugin's backports against vLLM 0.23.0's own code (plugin/tests, in its own
 # venv, about 2 min), then everything else. Both always run; the target fails if either fails.
