@@ -24,10 +24,12 @@ sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared wit
 import reasoning_harness  # noqa: E402
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400")  # vLLM 0.32 needs them too
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "
-    r"applied: gdn-state-dtype; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
+    r"applied: gdn-state-dtype, " + ", ".join(SERVER_PATCHES)
+    + r"; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
     r"rotary-mrope \(platform cpu is not Ascend\); decided when vLLM imports minicpmv4_6: "
     + ", ".join(BACKPORTS) + "$")
 MODEL_IMPORT = re.compile(
@@ -170,13 +172,15 @@ def test_ascend_check_script_against_the_server(server):
     assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
                     r"torch [\w.+]+$", lines[0]), lines[0]
     assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
-    patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups() for line in lines[2:9])
+    count = 7 + len(SERVER_PATCHES)
+    patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups()
+                   for line in lines[2:2 + count])
     assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-                       **{name: "skipped" for name in BACKPORTS}}
+                       **{name: "skipped" for name in BACKPORTS}, **{name: "applied" for name in SERVER_PATCHES}}
     assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
-    for name, line in zip(("text", "image"), lines[9:11]):
+    for name, line in zip(("text", "image"), lines[2 + count:4 + count]):
         assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line
-    assert lines[11:] == ["result: ok"]
+    assert lines[4 + count:] == ["result: ok"]
 
 
 def test_ascend_check_script_reports_an_unreachable_server():

@@ -249,12 +249,12 @@ def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> 
     for url in (outside.as_uri(), f"file://{files}/media/../outside/blue.png", "file:///etc/passwd"):
         status, body = image_chat(guarded, url, SECRET)
         assert status == 400 and "allowed-local-media-path" in body, (url, status, body)
-    # The shared server keeps the default (no directory): file:// is refused outright. vLLM 0.32
-    # raises a RuntimeError there, which it answers with 500, not 400 (reported; a plugin patch
-    # raising ValueError instead would make it 400). Either way nothing is read and the server
-    # stays healthy.
+    # The shared server keeps the default (no directory): file:// is refused outright, with 400
+    # and how to send the image instead (vLLM 0.32 alone raises RuntimeError there: 500; the
+    # plugin's file-url-400 patch). Nothing is read and the server stays healthy.
     status, body = image_chat(server, inside.as_uri())
-    assert status in (400, 500) and "Cannot load local files without `--allowed-local-media-path`" in body, body
+    assert status == 400 and "Cannot load local files without `--allowed-local-media-path`" in body, body
+    assert "data: URL" in body, body
     assert request(server.base_url, "/health")[0] == 200
     inline = "data:image/png;base64," + base64.b64encode(inside.read_bytes()).decode()
     assert image_chat(server, inline)[0] == 200

@@ -26,12 +26,15 @@ from types import ModuleType
 from typing import Any
 
 from . import (
+    engine_death_exit,
+    file_url_400,
     gdn_state_dtype,
     image_size_order,
     max_slice_nums,
     processor_version,
     reasoning,
     rotary_mrope,
+    shutdown_cut_requests,
     transformers_check,
     vit_merger_flags,
 )
@@ -51,6 +54,9 @@ PATCHES: tuple[Patch, ...] = (
     image_size_order.PATCH,
     vit_merger_flags.PATCH,
     max_slice_nums.PATCH,
+    engine_death_exit.PATCH,
+    shutdown_cut_requests.PATCH,
+    file_url_400.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

@@ -122,3 +122,34 @@ def emit(message: str) -> None:
     while _held:
         logger.info("%s", _held.pop(0))
     logger.info("%s", message)
+
+
+def wrap_once(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
+    """Replace `owner.attr` with `make(original)` unless this plugin already wrapped it.
+
+    The wrapper is marked (`_minicpmv_ascend_plugin_wraps`), so a module that imported the
+    wrapped function by name, or a second load of the plugin, is never wrapped twice.
+    False when `owner` has no such attribute (another vLLM version's module layout).
+    """
+    original = getattr(owner, attr, None)
+    if original is None:
+        return False
+    if getattr(original, "_minicpmv_ascend_plugin_wraps", None) is not None:
+        return True
+    wrapper = make(original)
+    wrapper._minicpmv_ascend_plugin_wraps = original
+    wrapper.__wrapped__ = original
+    setattr(owner, attr, wrapper)
+    return True
+
+
+def source_of(*relative_paths: str) -> tuple[str, str] | None:
+    """(path, text) of the first of vLLM's source files that exists, read WITHOUT importing it
+    (predicates decided in register() must stay cheap; vLLM's module layout moves between
+    releases)."""
+    root = package_dir("vllm")
+    for relative in relative_paths:
+        path = root / relative if root else None
+        if path is not None and path.is_file():
+            return relative, path.read_text(encoding="utf-8")
+    return None

@@ -11,6 +11,8 @@ import pytest
 import reasoning_harness
 from _vllm023 import run_python
 
+SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400"]
+
 PROBE = textwrap.dedent("""
     import json, sys, time
     import vllm.engine.arg_utils  # what vLLM 0.23's API server has imported when it loads plugins
@@ -56,13 +58,14 @@ def test_loaded_by_vllm_applies_every_backport_once():
     assert all(out["pending"][name] == "pending" for name in backports)
     assert {k: v[0] for k, v in out["decisions"].items()} == {
         "reasoning-parser": "applied", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-        **{name: "applied" for name in backports}}
+        **{name: "applied" for name in backports + SERVER_PATCHES}}
     assert "not Ascend" in out["decisions"]["rotary-mrope"][1]
     assert out["wrapped"] == 1 and out["minicpmv_parser"]
     lines = [l for l in log.splitlines() if "minicpmv_ascend_plugin" in l]
     assert len(lines) == 2, lines  # one at registration, one when the model module is imported
     assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
-           "gdn-state-dtype; skipped: rotary-mrope (platform unspecified is not Ascend)" in lines[0]
+           "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400; " \
+           "skipped: rotary-mrope (platform unspecified is not Ascend)" in lines[0]
     assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
 
 
@@ -187,7 +190,7 @@ def test_ascend_check_script_on_vllm023():
     assert [line.split(" - ")[0] for line in lines[2:]] == [
         "patch reasoning-parser: applied", "patch gdn-state-dtype: applied", "patch rotary-mrope: skipped",
         "patch processor-version: applied", "patch image-size-order: applied", "patch vit-merger-flags: applied",
-        "patch max-slice-nums: applied", "result: ok"]
+        "patch max-slice-nums: applied", *[f"patch {name}: applied" for name in SERVER_PATCHES], "result: ok"]
 
 
 @pytest.mark.parametrize("plugin_env, expected", [

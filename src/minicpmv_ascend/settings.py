@@ -267,9 +267,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shutdown_timeout", Seconds, 30,
             "Seconds in-flight requests may still run after SIGTERM before vLLM aborts them and "
             "exits (0, vLLM's default: abort at once). Keep it below the orchestrator's grace "
-            "period (Kubernetes terminationGracePeriodSeconds, compose stop_grace_period). On "
-            "vLLM 0.32 an aborted request's open connection can keep the server from exiting "
-            "until it is killed (docs/reliability.md).",
+            "period (Kubernetes terminationGracePeriodSeconds, compose stop_grace_period). Requests "
+            "still running then get an error, and the server exits 0 a few seconds later (the "
+            "plugin's shutdown-cut-requests fix; docs/reliability.md).",
             flag="--shutdown-timeout"),
     Setting("allowed_media_domains", MediaHosts, [],
             "Hosts whose http(s) image URLs the server may fetch (comma-separated, exact host names "

@@ -1,0 +1,125 @@
+"""The API server exits with code 1, not 0, when it stops because its engine died.
+
+Bug (vLLM 0.23 and 0.32): when the `VLLM::EngineCore` process dies (OOM killer, SIGKILL, a
+crash), vLLM's `terminate_if_errored(server, engine)` (called by the engine-error exception
+handler of the failing requests and by a watchdog every 5 s) sets uvicorn's `should_exit`; the
+HTTP server then stops exactly as after a normal shutdown, `run_server()` returns and `vllm serve`
+exits 0. Docker `restart: on-failure`, systemd `Restart=on-failure` and anything that reads the
+exit code take the crash for a clean stop. No upstream fix (0.23 - 0.33).
+
+Fix, in the API server process:
+- wrap `terminate_if_errored` (in vLLM's launcher module and in the module that imported it by
+  name: the exception handlers) to record the death when it is the call that stops the server
+  (`should_exit` turns True) and nobody asked the engine client to stop. On SIGTERM/SIGINT vLLM
+  first calls `engine_client.shutdown()` (wrapped here to note that), and the requests cut by the
+  shutdown timeout then see a dead engine too: that is a requested stop, still exit 0.
+- wrap vLLM's `run_server()` (where vLLM defines it and where `vllm serve` imported it): after
+  vLLM's own shutdown has finished, raise `SystemExit(1)` if a death was recorded. The process
+  exits 1 through Python's normal teardown (every atexit handler, multiprocessing's cleanup of
+  child processes, log flushing). An `os._exit(1)` from an atexit handler, the other way to set the
+  code after vLLM's main returns, would skip every atexit handler registered before it
+  (logging.shutdown, multiprocessing's) and unflushed stdio buffers.
+
+Applies when: vLLM's `terminate_if_errored` only sets `should_exit` (read from its source, without
+importing the launcher: it pulls in uvicorn and FastAPI).
+Delete when: vLLM exits non-zero by itself after its engine died.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from typing import Any
+
+from ._base import AT_REGISTER, Patch, emit, source_of, wrap_once
+from ._import_hook import when_imported
+
+NAME = "engine-death-exit"
+EXIT_CODE = 1
+LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
+# Modules holding `terminate_if_errored`: vLLM's launcher (0.32, 0.23) and the exception handlers
+# that imported it by name (0.32, 0.23).
+TERMINATE_MODULES = (
+    "vllm.entrypoints.launchers.launcher",
+    "vllm.entrypoints.launcher",
+    "vllm.entrypoints.serve.exception_handling.handlers.vllm_error",
+    "vllm.entrypoints.serve.utils.server_utils",
+)
+# Modules holding `run_server`: where vLLM defines it (0.32, 0.23) and `vllm serve`'s module.
+RUN_SERVER_MODULES = (
+    "vllm.entrypoints.launchers.api_server.entry",
+    "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.cli.serve",
+)
+ENGINE_CLIENT_MODULE = "vllm.v1.engine.async_llm"
+
+state = {"stop_requested": False, "engine_died": False}
+
+
+def _terminate_if_errored(original: Any) -> Any:
+    @functools.wraps(original)
+    def terminate_if_errored(server: Any, engine: Any) -> None:
+        stopping = getattr(server, "should_exit", False)
+        original(server=server, engine=engine)
+        if not stopping and getattr(server, "should_exit", False) and not state["stop_requested"]:
+            if not state["engine_died"]:
+                emit(f"minicpmv_ascend_plugin: the engine died: the API server stops and will exit "
+                     f"with code {EXIT_CODE} ({NAME})")
+            state["engine_died"] = True
+
+    return terminate_if_errored
+
+
+def _run_server(original: Any) -> Any:
+    @functools.wraps(original)
+    async def run_server(*args: Any, **kwargs: Any) -> None:
+        await original(*args, **kwargs)
+        if state["engine_died"]:
+            raise SystemExit(EXIT_CODE)
+
+    return run_server
+
+
+def _shutdown(original: Any) -> Any:
+    @functools.wraps(original)
+    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state["stop_requested"] = True
+        return original(self, *args, **kwargs)
+
+    return shutdown
+
+
+def check(_: Any) -> str | None:
+    found = source_of(*LAUNCHERS)
+    if found is None:
+        return "vLLM has no API server launcher module here"
+    path, source = found
+    function = next((node for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.FunctionDef) and node.name == "terminate_if_errored"), None)
+    if function is None:
+        return f"vLLM's {path} has no terminate_if_errored"
+    assigned = {target.attr for node in ast.walk(function) if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Attribute)}
+    does_more = any(isinstance(node, (ast.Raise, ast.Call)) and "exit" in ast.unparse(node).lower()
+                    and "should_exit" not in ast.unparse(node) for node in ast.walk(function))
+    if assigned != {"should_exit"} or does_more:
+        return f"vLLM's terminate_if_errored ({path}) does more than set should_exit"
+    return None
+
+
+def apply(_: Any) -> None:
+    for name in TERMINATE_MODULES:
+        when_imported(name, lambda module: wrap_once(module, "terminate_if_errored", _terminate_if_errored))
+    for name in RUN_SERVER_MODULES:
+        when_imported(name, lambda module: wrap_once(module, "run_server", _run_server))
+    when_imported(ENGINE_CLIENT_MODULE, lambda module: wrap_once(module.AsyncLLM, "shutdown", _shutdown))
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary=f"the API server exits {EXIT_CODE} (not 0) when it stopped because its engine died",
+    upstream="vLLM's terminate_if_errored only stops uvicorn: `vllm serve` exits 0 (0.23-0.33, no fix)",
+    check=check,
+    apply=apply,
+)

@@ -1,0 +1,121 @@
+"""The API-server patches (engine-death-exit, shutdown-cut-requests, file-url-400) on vLLM 0.23's
+own code: each predicate finds the bug there, and the patch changes what vLLM 0.23 does.
+
+vLLM 0.23's server loop runs for real in serve_harness.py (its `serve_http`, signal handler,
+watchdog, `terminate_if_errored` and `AsyncLLM.shutdown`) around an engine client without an
+engine core; each scenario runs with the plugin and with MINICPMV_ASCEND_PLUGIN=off (the bug).
+The same fixes are proven end to end on vLLM 0.32's real server by tests/test_faults.py and
+tests/test_security.py.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+import textwrap
+
+from _vllm023 import REPO, run_python
+
+HARNESS = pathlib.Path(__file__).with_name("serve_harness.py")
+PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
+GRACE_S = 3  # shutdown_cut_requests.GRACE_S
+HARNESS_TIMEOUT_S = 120  # start (a vLLM import, ~20 s here) + scenario
+HANG_TIMEOUT_S = 60  # without the fix: still running this long after start (SIGTERM at ~22 s)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def harness(mode: str, env: dict[str, str] | None = None,
+            timeout: float = HARNESS_TIMEOUT_S) -> tuple[int | None, dict, str]:
+    """(exit code or None if it did not exit in time, RESULT, output) of serve_harness.py."""
+    import os
+
+    full_env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS" and not k.startswith("MINICPMV_")}
+    full_env.update(env or {})
+    process = subprocess.Popen([sys.executable, str(HARNESS), str(free_port()), mode], env=full_env, cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        code: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+        code = None
+    line = next((l for l in output.splitlines() if l.startswith("RESULT ")), "RESULT {}")
+    return code, json.loads(line.removeprefix("RESULT ")), output
+
+
+def test_server_patch_predicates_find_the_bugs_in_vllm023():
+    from minicpmv_ascend_plugin import engine_death_exit, file_url_400, shutdown_cut_requests
+
+    assert engine_death_exit.check(None) is None  # terminate_if_errored only sets should_exit
+    assert shutdown_cut_requests.check(None) is None  # uvicorn.Config without the timeout
+    assert file_url_400.check(None) is None  # vLLM's own loader raises RuntimeError
+    assert isinstance(file_url_400.probe(), RuntimeError)
+
+
+def test_engine_death_exits_1():
+    code, out, output = harness("death")
+    assert code == 1, output[-3000:]
+    assert "the engine died: the API server stops and will exit with code 1" in output
+    code, out, output = harness("death", PLUGIN_OFF)
+    assert code == 0, output[-3000:]  # the bug: a dead engine looks like a clean stop
+
+
+def test_sigterm_answers_the_cut_request_and_exits_0():
+    code, out, output = harness("sigterm")
+    assert code == 0, output[-3000:]  # a requested stop is not an engine death
+    assert out["status"] == 500, out  # the cut request is answered
+    assert out["config_timeout_graceful_shutdown"] == GRACE_S
+    assert out["stopped_after_sigterm_s"] < GRACE_S + 30, out  # bounded, generous margin
+    assert "exit with code" not in output
+    code, out, output = harness("sigterm", PLUGIN_OFF, HANG_TIMEOUT_S)
+    assert code is None, output[-3000:]  # the bug: it waits for the cut request's client
+
+
+def test_file_url_without_directory_is_a_400():
+    code = textwrap.dedent("""
+        import json, pathlib, sys
+        # vLLM 0.23's error mapping imports FastAPI, which the 0.23 venv lacks: the CPU venv's.
+        sys.path.extend(str(p) for p in sorted(pathlib.Path(".venv/lib").glob("python3.*/site-packages")))
+        from vllm.entrypoints.serve.utils.error_response import create_error_response
+        from vllm.multimodal.media.connector import MediaConnector
+        from vllm.multimodal.media.image import ImageMediaIO
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        out = {}
+        for name, connector in (("none", MediaConnector()), ("dir", MediaConnector(allowed_local_media_path="/tmp"))):
+            try:
+                connector.load_from_url("file:///etc/hostname", ImageMediaIO())
+            except Exception as error:
+                out[name] = [type(error).__name__, str(error), create_error_response(error).error.code]
+        print("RESULT " + json.dumps(out))
+    """)
+    results = {}
+    for label, env in (("plugin", None), ("off", PLUGIN_OFF)):
+        proc = run_python(code, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+        results[label] = json.loads(line.removeprefix("RESULT "))
+    kind, message, status = results["plugin"]["none"]
+    assert (kind, status) == ("ValueError", 400)
+    assert "Cannot load local files without `--allowed-local-media-path`" in message and "data: URL" in message
+    assert results["off"]["none"][0::2] == ["RuntimeError", 500]  # the bug
+    # Outside the directory: vLLM's own ValueError (400), with and without the plugin.
+    assert results["plugin"]["dir"][0::2] == results["off"]["dir"][0::2] == ["ValueError", 400]
+
+
+def test_plugin_off_registers_none_of_them():
+    proc = run_python("from vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+                      "import minicpmv_ascend_plugin as p\nprint('RESULT', sorted(p.decisions()))",
+                      env=PLUGIN_OFF)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RESULT []" in proc.stdout
