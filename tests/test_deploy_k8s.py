@@ -13,8 +13,6 @@ import yaml
 from conftest import REPO
 from test_deploy_support import (
     APP_DIR,
-    COMPONENTS,
-    JOBS,
     K8S,
     OVERLAYS,
     allowed_env_vars,
@@ -25,8 +23,7 @@ from test_deploy_support import (
     final_stage,
     lint_tool,
     one,
-    render_kustomization,
-    render_with_components,
+    render_everything,
     run_tool,
     server_container,
 )
@@ -49,14 +46,7 @@ SECRET_ONLY = {"VLLM_API_KEY", "API_KEY_FILE"}
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, list[dict]]:
     """Each overlay, each overlay with every component, and each Job kustomization."""
-    out = {}
-    for overlay in OVERLAYS:
-        out[overlay] = render_kustomization(K8S / "overlays" / overlay)
-        out[f"{overlay}+components"] = render_with_components(
-            overlay, COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-components"))
-    for job in JOBS:
-        out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
-    return out
+    return render_everything(tmp_path_factory)
 
 
 def validate(docs: list[dict], version: str) -> None:

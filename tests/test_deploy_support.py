@@ -265,6 +265,18 @@ def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathl
     return render_kustomization(tmp)
 
 
+def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each overlay, each overlay with every component, and each Job kustomization."""
+    out = {}
+    for overlay in OVERLAYS:
+        out[overlay] = render_kustomization(K8S / "overlays" / overlay)
+        out[f"{overlay}+components"] = render_with_components(
+            overlay, COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-components"))
+    for job in JOBS:
+        out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
+    return out
+
+
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
     return [d for d in docs if d.get("kind") == kind]
 

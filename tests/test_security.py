@@ -35,14 +35,11 @@ import yaml
 from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
 from helpers_launcher import launcher_env, run_entrypoint
 from test_deploy_support import (
-    COMPONENTS,
     JOBS,
-    K8S,
     OVERLAYS,
     env_mapping,
     one,
-    render_kustomization,
-    render_with_components,
+    render_everything,
     server_container,
 )
 
@@ -318,14 +315,7 @@ def pod_templates(docs: list[dict]) -> Iterator[tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def renderings(tmp_path_factory) -> dict[str, list[dict]]:
-    out = {}
-    for overlay in OVERLAYS:
-        out[overlay] = render_kustomization(K8S / "overlays" / overlay)
-        out[f"{overlay}+components"] = render_with_components(
-            overlay, COMPONENTS, tmp_path_factory.mktemp(f"sec-{overlay}"))
-    for job in JOBS:
-        out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
-    return out
+    return render_everything(tmp_path_factory)
 
 
 def test_no_pod_is_privileged_or_root(renderings) -> None:
