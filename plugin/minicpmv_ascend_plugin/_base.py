@@ -143,6 +143,10 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
     return True
 
 
+# The module that runs vLLM's HTTP server (uvicorn) and `terminate_if_errored`.
+API_SERVER_LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
+
+
 def source_of(*relative_paths: str) -> tuple[str, str] | None:
     """(path, text) of the first of vLLM's source files that exists, read WITHOUT importing it
     (predicates decided in register() must stay cheap; vLLM's module layout moves between

@@ -31,12 +31,11 @@ import ast
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, emit, source_of, wrap_once
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, emit, source_of, wrap_once
 from ._import_hook import when_imported
 
 NAME = "engine-death-exit"
 EXIT_CODE = 1
-LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
 # Modules holding `terminate_if_errored`: vLLM's launcher (0.32, 0.23) and the exception handlers
 # that imported it by name (0.32, 0.23).
 TERMINATE_MODULES = (
@@ -90,7 +89,7 @@ def _shutdown(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*LAUNCHERS)
+    found = source_of(*API_SERVER_LAUNCHERS)
     if found is None:
         return "vLLM has no API server launcher module here"
     path, source = found

@@ -25,12 +25,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, source_of, wrap_once
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_once
 from ._import_hook import when_imported
 
 NAME = "shutdown-cut-requests"
 GRACE_S = 3  # after vLLM's drain; long enough for responses already being written
-LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
 
 
 def _init(original: Any) -> Any:
@@ -44,7 +43,7 @@ def _init(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*LAUNCHERS)
+    found = source_of(*API_SERVER_LAUNCHERS)
     if found is None:
         return "vLLM has no API server launcher module here"
     path, source = found
