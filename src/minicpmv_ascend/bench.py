@@ -480,6 +480,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     # vLLM 0.32 cannot reload its own AOT artifact on the CPU (docs/performance.md): without AOT the
     # model is traced again at each start but inductor's compiled kernels come from its cache.
     "compiled-noaot": {"kind": "entrypoint", "env": {"ENFORCE_EAGER": "false", "VLLM_USE_AOT_COMPILE": "0"}},
+    # The Ascend graph profile (settings.py compilation_config; docs/deploy-ascend.md): decode-only
+    # ACL graphs, as vllm-ascend's CI runs the Qwen3.5-0.8B backbone. Meant for an NPU.
+    "decode-graphs": {"kind": "entrypoint",
+                      "env": {"ENFORCE_EAGER": "false", "COMPILATION_CONFIG": '{"cudagraph_mode":"FULL_DECODE_ONLY"}'}},
     "plain": {"kind": "plain", "env": {}},
 }
 
