@@ -76,6 +76,21 @@ def test_bench_ab_has_the_profile() -> None:
     assert out.env["VLLM_CACHE_ROOT"].endswith("compile-cache-B"), "compiled starts keep their cache per profile"
 
 
+def test_bench_starts_the_launcher_where_no_checkout_is(tmp_path, monkeypatch) -> None:
+    """In the image the package lives in site-packages without entrypoint.py next to it: `ab`
+    (run there for the A/B on an NPU) starts the installed launcher module instead."""
+    profile = bench.make_profile("decode-graphs", {}, "B", tmp_path)
+    cmd, env = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
+    assert cmd[1] == str(REPO / "entrypoint.py") and env["COMPILATION_CONFIG"] == PROFILE["COMPILATION_CONFIG"]
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    cmd, _ = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
+    assert cmd[1:] == ["-m", "minicpmv_ascend.launcher", "--max-log-len", "10"]
+    shown = subprocess.run([cmd[0], "-m", "minicpmv_ascend.launcher", "--help"], capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path, env=clean_env())
+    assert shown.returncode == 0 and "compilation_config / COMPILATION_CONFIG" in shown.stdout
+    assert bench.VLLM_PROCESS.search(" ".join(cmd))
+
+
 PARSE = textwrap.dedent("""\
     import json, sys
     from minicpmv_ascend import settings

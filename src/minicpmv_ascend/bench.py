@@ -43,7 +43,7 @@ from typing import Any
 from minicpmv_ascend import roofline
 
 EXIT_USAGE = 2
-VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|VLLM::")
+VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PERCENTILES = "50,99"
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -533,7 +533,11 @@ def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served
     env = dict(os.environ) | {"MODEL_PATH": str(checkpoint), "PORT": str(port), "SERVED_MODEL_NAME": served}
     env |= profile.env
     if profile.kind == "entrypoint":
-        return [sys.executable, str(REPO / "entrypoint.py"), *extra_args], env
+        # entrypoint.py of a checkout; where this package is installed without one (the Ascend
+        # image, which has the shim at /opt/minicpmv-ascend), the launcher module it runs.
+        script = REPO / "entrypoint.py"
+        launcher_argv = [str(script)] if script.is_file() else ["-m", "minicpmv_ascend.launcher"]
+        return [sys.executable, *launcher_argv, *extra_args], env
     from minicpmv_ascend import launcher  # the plan entrypoint.py would exec (what --dry-run prints)
 
     try:
