@@ -2,9 +2,11 @@
 """Check this project's vLLM plugin on an installation, then send one text and one image request.
 
 For users with an Ascend NPU: run it inside the serving container (same Python, same vLLM and
-vllm-ascend as the server), while the server runs:
+vllm-ascend as the server), while the server runs, through the CANN wrapper (a `docker compose
+exec` shell lacks the CANN environment that vllm-ascend needs):
 
-    python scripts/ascend_check.py --base-url http://127.0.0.1:8000 [--model NAME] [--api-key KEY]
+    docker compose exec minicpmv /opt/minicpmv-ascend/bin/with-cann-env.sh \
+        python3 /opt/minicpmv-ascend/scripts/ascend_check.py [--model NAME] [--api-key KEY]
 
 In this project's image it first names the target the image was built for (the table baked into
 it, deploy/ascend-targets.yaml), compares it with what is installed, and prints the build's
