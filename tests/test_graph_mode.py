@@ -57,6 +57,26 @@ def test_graph_mode_with_enforce_eager_is_refused(env, origin) -> None:
     assert plan(COMPILATION_CONFIG='{"cudagraph_mode":"NONE"}').vllm_args  # NONE with eager is consistent
 
 
+@pytest.mark.parametrize("config, words", [
+    ('{"cudagraph_mod":"FULL_DECODE_ONLY"}', "cudagraph_mod Unexpected keyword argument"),
+    ('{"cudagraph_mode":"FULL_DECODE"}', "unknown name 'FULL_DECODE' (cudagraph_mode is one of NONE, PIECEWISE, FULL,"),
+])
+def test_vllm_judges_the_config_and_the_setting_is_named(config, words) -> None:
+    """A misspelt key or mode is reported for the setting, with vLLM's reason (argparse alone
+    would raise a bare KeyError for the mode), and the launcher asks vLLM at start whenever the
+    setting is not the default (it is vLLM's to judge)."""
+    from minicpmv_ascend import launcher
+
+    p = plan(ENFORCE_EAGER="false", COMPILATION_CONFIG=config)
+    with pytest.raises(ConfigError) as info:
+        check_with_vllm(p)
+    err = info.value
+    assert err.key == "compilation_config" and words in err.why, err.why
+    assert "env COMPILATION_CONFIG" in err.fix and "FULL_DECODE_ONLY" in err.fix
+    assert launcher.only_vllm_can_judge(p.resolution)
+    assert not launcher.only_vllm_can_judge(plan().resolution)
+
+
 def test_command_line_spellings() -> None:
     """-cc and --compilation-config are the setting (so it is listed and checked once); a dotted
     spelling would change it behind the launcher's back and is refused."""

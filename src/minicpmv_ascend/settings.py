@@ -1159,10 +1159,34 @@ def _cli_error(message: str, fix: str, args: Sequence[str], secrets: Sequence[st
     return ConfigError("command line", shown, "the args passed through to vLLM", message, fix)
 
 
+def _check_compilation_config_with_vllm(parser: argparse.ArgumentParser, plan: Plan) -> None:
+    """vLLM's own CompilationConfig judges the JSON (unknown keys, a misspelt cudagraph_mode): its
+    message, attributed to the setting. (A bad mode raises KeyError inside argparse's type
+    conversion, which argparse does not turn into a usage error.)"""
+    config = plan.effective["compilation_config"]
+    if not config:
+        return
+    setting, value = SETTINGS_BY_NAME["compilation_config"], plan.resolution.values["compilation_config"]
+    try:
+        parser.parse_args([plan.model, *setting_argv(setting, config)])
+    except (_VllmRejected, KeyError, TypeError, ValueError) as err:
+        if isinstance(err, KeyError):
+            from vllm.config.compilation import CUDAGraphMode
+
+            why = f"unknown name {err} (cudagraph_mode is one of {', '.join(CUDAGraphMode.__members__)})"
+        else:
+            why = " ".join(str(err).split())
+        raise _error(setting, value, f"vLLM's CompilationConfig rejects it: {why}",
+                     f"correct {_fix_where(setting, value)} (its keys: `python -m minicpmv_ascend.vllm_cli "
+                     "serve --help=CompilationConfig`); the Ascend decode-graph profile is "
+                     '{"cudagraph_mode":"FULL_DECODE_ONLY"}') from None
+
+
 def check_with_vllm(plan: Plan) -> None:
     """Parse the complete command with vLLM's serve parser, as `vllm serve` will."""
     parser = _vllm_parser()
     passthrough = plan.resolution.passthrough
+    _check_compilation_config_with_vllm(parser, plan)
     try:
         namespace = parser.parse_args(plan.vllm_args)
     except _VllmRejected as err:
