@@ -5,7 +5,7 @@ Run by the Dockerfile in the base image's Python (standard library only, Python 
 images run 3.12), before anything is installed:
 
     transformers_decision.py decide --pin 5.14.1 --record FILE --requirement-file FILE
-                                    [--target v0.30.0 --variant a2 --base-image IMAGE]
+                                    [--target v0.30.0 --variant a2]
     transformers_decision.py verify --record FILE        after `pip install -r <requirement file>`
 
 `decide` keeps the base image's transformers when it
@@ -328,7 +328,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
     decision = decide(found["base_transformers"], found["base_has_config_class"], found["vllm"],
                       found["vllm_requires_transformers"], args.pin)
     record = {
-        "target": args.target, "variant": args.variant, "base_image": args.base_image,
+        "target": args.target, "variant": args.variant,
         **found,
         "pin": args.pin,
         "decision": decision.action,
@@ -373,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="pip requirements file to write (empty: keep the base's transformers)")
     d.add_argument("--target", default=None, help="vllm-ascend tag of the base image (recorded)")
     d.add_argument("--variant", default=None, help="a2 or a3 (recorded)")
-    d.add_argument("--base-image", default=None, help="the base image reference (recorded)")
     d.set_defaults(run=cmd_decide)
     v = sub.add_parser("verify", help="after pip install: the decided transformers is installed")
     v.add_argument("--record", type=pathlib.Path, required=True)
