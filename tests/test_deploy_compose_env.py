@@ -16,11 +16,13 @@ from conftest import REPO
 from test_deploy_support import (
     RUNTIME_ENV_ALLOWLIST,
     TARGETS,
+    TARGETS_TABLE,
     allowed_env_vars,
     declared_env_vars,
     env_files,
     env_mapping,
     lint_tool,
+    project_image,
     read_env_file,
     run_tool,
 )
@@ -96,8 +98,9 @@ def test_ascend_service_basics() -> None:
     spec = compose()
     service = spec["services"]["minicpmv"]
     assert "profiles" not in service, "the Ascend service is the default one"
-    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "args": {"ASCEND_TARGET": "a2"}}
-    assert service["image"] == "minicpmv-ascend:a2"
+    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile",
+                                "args": {"VLLM_ASCEND_VERSION": TARGETS_TABLE["default"], "ASCEND_TARGET": "a2"}}
+    assert service["image"] == project_image("a2")
     assert service["env_file"] == ["env/ascend-a2.env"]
     assert size_bytes(service["shm_size"]) >= 2**30, "FACTS §4: --shm-size 1g or more"
     assert service["restart"] in ("unless-stopped", "always", "on-failure")
@@ -115,8 +118,16 @@ def test_ascend_service_basics() -> None:
 def test_a3_switches_image_and_env_file_together() -> None:
     service = compose(ASCEND_TARGET="a3")["services"]["minicpmv"]
     assert service["build"]["args"]["ASCEND_TARGET"] == "a3"
-    assert service["image"] == "minicpmv-ascend:a3"
+    assert service["image"] == project_image("a3")
     assert service["env_file"] == ["env/ascend-a3.env"]
+
+
+@pytest.mark.parametrize("tag", list(TARGETS_TABLE["targets"]))
+def test_one_variable_selects_the_target(tag: str) -> None:
+    """VLLM_ASCEND_VERSION picks the base image (build argument) and names the image after it."""
+    service = compose(VLLM_ASCEND_VERSION=tag, ASCEND_TARGET="a3")["services"]["minicpmv"]
+    assert service["build"]["args"] == {"VLLM_ASCEND_VERSION": tag, "ASCEND_TARGET": "a3"}
+    assert service["image"] == project_image("a3", tag)
 
 
 @pytest.mark.parametrize("name", ["minicpmv", "minicpmv-cpu"])

@@ -5,6 +5,7 @@ right modes, graceful termination, volumes, settings equal to env/ascend-<target
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -13,6 +14,7 @@ import yaml
 from conftest import REPO
 from test_deploy_support import (
     APP_DIR,
+    JOBS,
     K8S,
     OVERLAYS,
     allowed_env_vars,
@@ -23,7 +25,9 @@ from test_deploy_support import (
     final_stage,
     lint_tool,
     one,
+    project_image,
     render_everything,
+    render_kustomization,
     run_tool,
     server_container,
 )
@@ -82,7 +86,7 @@ def test_one_npu_per_replica_and_the_image_of_the_target(rendered, overlay: str)
     assert resources["limits"][npu] == "1" and resources["requests"][npu] == "1"
     other = {"huawei.com/Ascend910", "huawei.com/ascend-1980"} - {npu}
     assert not other & (resources["limits"].keys() | resources["requests"].keys())
-    assert container["image"] == f"minicpmv-ascend:{OVERLAYS[overlay]}"
+    assert container["image"] == project_image(OVERLAYS[overlay])  # the table's default target
     assert deployment["spec"]["replicas"] >= 1
     # No spare card is assumed: replace pods one at a time rather than surge into Pending.
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
@@ -181,6 +185,33 @@ def test_components_driver_mounts_model_hostpath_and_servicemonitor(rendered, ov
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("rendering", [*(f"{o}+components" for o in OVERLAYS), *(f"job/{j}+node-arch" for j in JOBS)])
+def test_node_arch_component_pins_the_deployment_and_jobs_to_the_image_architecture(rendered, rendering) -> None:
+    """Atlas servers are usually aarch64: with components/node-arch, every pod template of the
+    Deployment and the Jobs selects kubernetes.io/arch=arm64 (merged into any other selector)."""
+    templates = [d["spec"]["template"]["spec"] for d in rendered[rendering] if d["kind"] in ("Deployment", "Job")]
+    assert templates
+    for pod in templates:
+        assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+    plain = rendering.removesuffix("+components").removesuffix("+node-arch")
+    assert all("nodeSelector" not in d["spec"]["template"]["spec"] for d in rendered[plain]
+               if d["kind"] in ("Deployment", "Job")), "the component is opt-in"
+
+
+def test_node_arch_component_keeps_an_existing_selector(tmp_path) -> None:
+    """Merged, not replaced: an overlay's own nodeSelector (e.g. an accelerator label) survives."""
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "a2")], "components": [str(rel / "components" / "node-arch")],
+        "patches": [{"target": {"kind": "Deployment", "name": "minicpmv"}, "patch": yaml.safe_dump({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "minicpmv"},
+            "spec": {"template": {"spec": {"nodeSelector": {"accelerator": "huawei-Ascend910"}}}}})}],
+    }))
+    pod = one(render_kustomization(tmp_path), "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"accelerator": "huawei-Ascend910", "kubernetes.io/arch": "arm64"}
 
 
 def test_smoke_job_runs_the_smoke_probe_against_the_service(rendered) -> None:

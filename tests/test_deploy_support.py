@@ -23,12 +23,15 @@ import yaml
 from conftest import REPO
 
 LINT_BIN = REPO / ".venv-lint" / "bin"
+# The one table of Ascend targets (deploy/ascend-targets.yaml): the Dockerfile, compose, the
+# overlays and the docs are tested against it.
+TARGETS_TABLE = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))
 K8S = REPO / "deploy" / "k8s"
 ENV_DIR = REPO / "env"
 APP_DIR = "/opt/minicpmv-ascend"  # where both images put the files orchestrators call by path
 TARGETS = ("a2", "a3")
 OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2"}  # overlay -> the env/ascend-<target>.env it mirrors
-COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath")
+COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath", "node-arch")
 JOBS = ("smoke", "download-weights")
 
 # Environment variables that the env files, compose and the Kubernetes server pods may set although
@@ -60,6 +63,12 @@ def declared_env_vars() -> set[str]:
     from minicpmv_ascend import settings
 
     return {s.env for s in settings.SETTINGS} | {settings.CONFIG_FILE_ENV}
+
+
+def project_image(variant: str, tag: str | None = None) -> str:
+    """This project's image for a variant (a2, a3) of a target (default: the table's default):
+    `minicpmv-ascend:<vllm-ascend tag>-<variant>`, as compose, the overlays and the docs name it."""
+    return f"minicpmv-ascend:{tag or TARGETS_TABLE['default']}-{variant}"
 
 
 def allowed_env_vars() -> set[str]:
@@ -204,6 +213,85 @@ def image_env(path: pathlib.Path) -> dict[str, str]:
     return env
 
 
+def stage_args(instructions: list[Instruction]) -> dict[str, str]:
+    """The build arguments the final stage declares, with their defaults: what its RUN steps see as
+    environment variables (Docker exports declared ARGs to RUN, not to the running container). A
+    stage's `ARG NAME` without a value takes the default of the global ARG before the first FROM."""
+    first_from = next(i for i, ins in enumerate(instructions) if ins.name == "FROM")
+    defaults: dict[str, str] = {}
+    for ins in instructions[:first_from]:
+        if ins.name == "ARG":
+            name, _, value = ins.args.partition("=")
+            defaults[name.strip()] = value.strip().strip('"')
+    declared: dict[str, str] = {}
+    for ins in final_stage(instructions):
+        if ins.name == "ARG":
+            name, has_value, value = ins.args.partition("=")
+            declared[name.strip()] = value.strip().strip('"') if has_value else defaults.get(name.strip(), "")
+    return declared
+
+
+def run_script(instruction: Instruction) -> str:
+    """A RUN instruction's shell text, without its leading --mount=... options."""
+    assert instruction.name == "RUN"
+    words = instruction.args.split(" ")
+    while words and words[0].startswith("--"):
+        words.pop(0)
+    return " ".join(words).strip()
+
+
+_EXPANSION = re.compile(r"\$\{(\w+)(?::\+([^}]*))?\}|\$(\w+)")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """The shell's ${VAR}, $VAR and ${VAR:+word} (the forms the Dockerfiles use), from `variables`."""
+    def one(match: re.Match) -> str:
+        name = match[1] or match[3]
+        value = variables.get(name, "")
+        if match[2] is not None:
+            return expand(match[2], variables) if value else ""
+        return value
+    return _EXPANSION.sub(one, text)
+
+
+SHELL_SEPARATORS = {"&&", "||", ";", "|", "(", ")"}
+
+
+def shell_commands(script: str) -> list[tuple[dict[str, str], list[str]]]:
+    """The simple commands of an (already expanded) shell script: (leading VAR=value assignments,
+    argv). Redirections to /dev/null are dropped; anything fancier (other redirections, command
+    substitution) is refused, so a test never misreads a step."""
+    assert "$(" not in script and "`" not in script, f"command substitution in {script!r}"
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    commands, words = [], []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in SHELL_SEPARATORS:
+            if words:
+                commands.append(words)
+            words = []
+        elif token in (">", ">>", "2>", "&>"):
+            assert tokens[i + 1] == "/dev/null", f"redirection to {tokens[i + 1]!r} in {script!r}"
+            i += 1
+        else:
+            assert token not in ("<", "<<", ">&"), f"unsupported shell syntax {token!r} in {script!r}"
+            words.append(token)
+        i += 1
+    if words:
+        commands.append(words)
+    out = []
+    for argv in commands:
+        assignments = {}
+        while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):
+            name, _, value = argv.pop(0).partition("=")
+            assignments[name] = value
+        out.append((assignments, argv))
+    return out
+
+
 def to_host(argv: list[str], files: dict[str, pathlib.Path]) -> list[str]:
     """An image command line, runnable outside the container.
 
@@ -252,21 +340,24 @@ def render_kustomization(directory: pathlib.Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
-    """The overlay plus components, the way a user's own kustomization would combine them."""
+def render_with_components(base: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
+    """An overlay (or `jobs/<job>`) plus components, the way a user's own kustomization would
+    combine them."""
     tmp.mkdir(parents=True, exist_ok=True)
     rel = pathlib.Path(os.path.relpath(K8S, tmp))
+    resource = rel / base if base.startswith("jobs/") else rel / "overlays" / base
     (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [str(rel / "overlays" / overlay)],
+        "resources": [str(resource)],
         "components": [str(rel / "components" / c) for c in components],
     }))
     return render_kustomization(tmp)
 
 
 def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each overlay, each overlay with every component, and each Job kustomization."""
+    """Each overlay, each overlay with every component, each Job kustomization, and each Job with
+    the node-arch component (the one component meant for Jobs too)."""
     out = {}
     for overlay in OVERLAYS:
         out[overlay] = render_kustomization(K8S / "overlays" / overlay)
@@ -274,6 +365,8 @@ def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
             overlay, COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-components"))
     for job in JOBS:
         out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
+        out[f"job/{job}+node-arch"] = render_with_components(
+            f"jobs/{job}", ("node-arch",), tmp_path_factory.mktemp(f"{job}-node-arch"))
     return out
 
 

@@ -31,6 +31,7 @@ import os
 import pathlib
 import re
 import shlex
+import stat
 import sys
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -237,6 +238,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("enforce_eager", bool, True,
             "Run eagerly (no graph capture): faster start, the tested path on Ascend.",
             emit="bool", flag="--enforce-eager"),
+    # The Ascend graph profile (docs/deploy-ascend.md): ENFORCE_EAGER=false plus
+    # COMPILATION_CONFIG={"cudagraph_mode":"FULL_DECODE_ONLY"}, what vllm-ascend's CI runs for the
+    # same Qwen3.5-0.8B backbone (tests/e2e/pull_request/one_card/test_qwen3_5_0_8b.py).
+    Setting("compilation_config", JsonObject, {},
+            "vLLM's compilation config (JSON object). Decode graphs on Ascend, for small models that "
+            "are launch-bound in eager mode: {\"cudagraph_mode\":\"FULL_DECODE_ONLY\"} with "
+            "enforce_eager false (vllm-ascend: Ascend HDK 25.5.1 or newer lifts the old limit on "
+            "captured graphs). A cudagraph_mode with enforce_eager true is refused: vLLM would ignore it.",
+            emit="json", flag="--compilation-config", aliases=("-cc",)),
     Setting("enable_prefix_caching", bool, False,
             "Prefix caching; experimental for hybrid (Gated DeltaNet) models on Ascend.",
             emit="bool", flag="--enable-prefix-caching"),
@@ -830,9 +840,10 @@ _DEVICES_SEEN = {
 }
 
 
-def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, str]) -> None:
+def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, str],
+                   dev_dir: str | os.PathLike[str] = "/dev") -> None:
     setting, tp = SETTINGS_BY_NAME["tensor_parallel_size"], resolution.values["tensor_parallel_size"]
-    devices = visible_device_count(platform, environ)
+    devices = visible_device_count(platform, environ, dev_dir)
     if devices is None or tp.value <= devices:
         return
     why = f"only {devices} device(s) visible on {platform} ({_DEVICES_SEEN[platform]})"
@@ -841,6 +852,84 @@ def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, 
                      "Kubernetes device-plugin resource) and check ASCEND_RT_VISIBLE_DEVICES")
     raise _error(setting, tp, why, f"set {_fix_where(setting, tp)} to {devices} or less, or make "
                  "more devices visible to the container")
+
+
+# The Ascend driver's control devices, which every NPU process opens besides its /dev/davinciN
+# (what `docker run --device` passes in vllm-ascend's installation guide).
+ASCEND_CONTROL_DEVICES = ("davinci_manager", "devmm_svm", "hisi_hdc")
+
+
+def _device_ids(value: str) -> list[int] | None:
+    """'0,2-3' -> [0, 2, 3] (the form Ascend Docker Runtime and CANN accept); None if unparsable."""
+    ids: list[int] = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            return None
+        first, last = int(match[1]), int(match[2] or match[1])
+        ids += range(first, last + 1)
+    return ids
+
+
+def ascend_device_nodes(environ: Mapping[str, str], dev_dir: str | os.PathLike[str] = "/dev") -> list[pathlib.Path]:
+    """The device nodes an NPU process here will open: its /dev/davinciN and the control devices.
+
+    ASCEND_RT_VISIBLE_DEVICES holds logical ids, i.e. positions among the davinci nodes the
+    container has; ASCEND_VISIBLE_DEVICES (Ascend Docker Runtime) holds the nodes' own numbers.
+    Without either, every davinci node present is used.
+    """
+    root = pathlib.Path(dev_dir)
+    try:
+        present = sorted((p for p in root.iterdir() if re.fullmatch(r"davinci\d+", p.name)),
+                         key=lambda p: int(p.name.removeprefix("davinci")))
+    except OSError:
+        present = []
+    chosen = present
+    logical = _device_ids(environ.get("ASCEND_RT_VISIBLE_DEVICES", ""))
+    numbered = _device_ids(environ.get("ASCEND_VISIBLE_DEVICES", ""))
+    if logical:
+        chosen = [present[i] for i in logical if i < len(present)] or present
+    elif numbered:
+        chosen = [p for p in present if int(p.name.removeprefix("davinci")) in numbered] or present
+    if not chosen:
+        return []  # no NPU at all: _check_devices reports that
+    return chosen + [root / name for name in ASCEND_CONTROL_DEVICES if (root / name).exists()]
+
+
+def _check_device_access(environ: Mapping[str, str], notes: list[str], dev_dir: str | os.PathLike[str] = "/dev") -> None:
+    """On Ascend: this user may read and write every device node it will open.
+
+    The nodes keep the host's numeric owner and group inside a container; a non-root user outside
+    the driver's group (HwHiAiUser) gets `Permission denied` deep in CANN's device init, which an
+    orchestrator restarts forever. Checked here instead, with the GID that fixes it.
+    """
+    nodes = ascend_device_nodes(environ, dev_dir)
+    if nodes:
+        missing = [name for name in ASCEND_CONTROL_DEVICES if not (pathlib.Path(dev_dir) / name).exists()]
+        if missing:
+            notes.append(f"{', '.join('/dev/' + m for m in missing)} missing: NPU initialisation will "
+                         "likely fail (docker run --device /dev/<name>, or Ascend Docker Runtime)")
+    denied = [p for p in nodes if not os.access(p, os.R_OK | os.W_OK)]
+    if not denied:
+        return
+    stats = {p: p.stat() for p in denied}
+    shown = ", ".join(f"/dev/{p.name} (mode {stat.filemode(s.st_mode)}, owner {s.st_uid}:{s.st_gid})"
+                      for p, s in stats.items())
+    user = f"uid {os.getuid()}, groups {','.join(str(g) for g in sorted({os.getgid(), *os.getgroups()}))}"
+    group_ids = sorted({s.st_gid for s in stats.values() if s.st_mode & 0o060 == 0o060})
+    if group_ids:
+        gid = ",".join(map(str, group_ids))
+        fix = (f"run the container with group {gid}, the group that owns the devices (the host's HwHiAiUser: "
+               "`stat -c %g /dev/davinci_manager` on the host prints it): compose "
+               f"HWHIAIUSER_GID={group_ids[0]} (group_add), Kubernetes securityContext.supplementalGroups: "
+               f"[{gid}]; or build the image with --build-arg HWHIAIUSER_GID={group_ids[0]}")
+    else:
+        fix = ("the driver's devices are not group read-writable (installed for root only): reinstall the "
+               "driver for the HwHiAiUser group, or run the container as root as a last resort "
+               "(compose `user: \"0:0\"`, Kubernetes runAsUser: 0 with runAsNonRoot: false)")
+    raise ConfigError("NPU device access", shown, f"the container's {dev_dir} as {user}",
+                      "this user cannot read and write the NPU device nodes it will open, so the NPU "
+                      "would fail to initialise (Permission denied)", fix)
 
 
 def _check_local_media(resolution: Resolution) -> None:
@@ -870,6 +959,17 @@ def _check_platform(resolution: Resolution, platform: str) -> None:
                      "attention) kernels of the Qwen3.5 text model need bfloat16 (with "
                      f"{dtype.value} the server starts and the first request kills the engine)",
                      f"set {_fix_where(setting, dtype)} to bfloat16")
+
+
+def _check_compilation_config(resolution: Resolution) -> None:
+    config, eager = resolution.values["compilation_config"], resolution.values["enforce_eager"]
+    mode = config.value.get("cudagraph_mode")
+    if eager.value and mode is not None and str(mode).upper() != "NONE":
+        enforce = SETTINGS_BY_NAME["enforce_eager"]
+        raise _error(SETTINGS_BY_NAME["compilation_config"], config,
+                     f"it asks for cudagraph_mode {mode}, but enforce_eager is true (from {eager.origin}): "
+                     "vLLM would run eagerly and capture no graph",
+                     f"set {_fix_where(enforce, eager)} to false for graphs, or remove cudagraph_mode")
 
 
 def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -926,7 +1026,7 @@ def _package_pythonpath(environ: Mapping[str, str]) -> str | None:
 
 
 def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
-               platform: str | None = None) -> Plan:
+               platform: str | None = None, dev_dir: str | os.PathLike[str] = "/dev") -> Plan:
     """All checks that need no vLLM import; raises ConfigError. Reads the checkpoint's metadata."""
     environ = os.environ if environ is None else environ
     platform = platform or detect_platform()
@@ -948,8 +1048,11 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                      "generates it (checks against its config.json run then)")
     else:
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
-    _check_devices(resolution, platform, environ)
+    _check_devices(resolution, platform, environ, dev_dir)
+    if platform == "ascend":
+        _check_device_access(environ, notes, dev_dir)
     _check_platform(resolution, platform)
+    _check_compilation_config(resolution)
     _check_local_media(resolution)
     effective = _effective(resolution, config)
     # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
@@ -998,6 +1101,19 @@ def _validate_serve_args(namespace: argparse.Namespace) -> None:
     validate_parsed_serve_args(namespace)
 
 
+def _same_config(parsed: Any, expected: Mapping[str, Any]) -> bool:
+    """vLLM parses --compilation-config into its config object (a dict of defaults when absent):
+    every key this launcher passed must have arrived (enums compared by name)."""
+    for key, want in expected.items():
+        got = parsed.get(key) if isinstance(parsed, Mapping) else getattr(parsed, key, None)
+        got = getattr(got, "name", got)
+        if isinstance(got, str) and isinstance(want, str) and got.upper() == want.upper():
+            continue
+        if got != want:
+            return False
+    return True
+
+
 def _same(parsed: Any, expected: Any) -> bool:
     if isinstance(parsed, list) and len(parsed) == 1 and not isinstance(expected, list):
         parsed = parsed[0]  # nargs="+" flags such as --served-model-name
@@ -1043,10 +1159,34 @@ def _cli_error(message: str, fix: str, args: Sequence[str], secrets: Sequence[st
     return ConfigError("command line", shown, "the args passed through to vLLM", message, fix)
 
 
+def _check_compilation_config_with_vllm(parser: argparse.ArgumentParser, plan: Plan) -> None:
+    """vLLM's own CompilationConfig judges the JSON (unknown keys, a misspelt cudagraph_mode): its
+    message, attributed to the setting. (A bad mode raises KeyError inside argparse's type
+    conversion, which argparse does not turn into a usage error.)"""
+    config = plan.effective["compilation_config"]
+    if not config:
+        return
+    setting, value = SETTINGS_BY_NAME["compilation_config"], plan.resolution.values["compilation_config"]
+    try:
+        parser.parse_args([plan.model, *setting_argv(setting, config)])
+    except (_VllmRejected, KeyError, TypeError, ValueError) as err:
+        if isinstance(err, KeyError):
+            from vllm.config.compilation import CUDAGraphMode
+
+            why = f"unknown name {err} (cudagraph_mode is one of {', '.join(CUDAGraphMode.__members__)})"
+        else:
+            why = " ".join(str(err).split())
+        raise _error(setting, value, f"vLLM's CompilationConfig rejects it: {why}",
+                     f"correct {_fix_where(setting, value)} (its keys: `python -m minicpmv_ascend.vllm_cli "
+                     "serve --help=CompilationConfig`); the Ascend decode-graph profile is "
+                     '{"cudagraph_mode":"FULL_DECODE_ONLY"}') from None
+
+
 def check_with_vllm(plan: Plan) -> None:
     """Parse the complete command with vLLM's serve parser, as `vllm serve` will."""
     parser = _vllm_parser()
     passthrough = plan.resolution.passthrough
+    _check_compilation_config_with_vllm(parser, plan)
     try:
         namespace = parser.parse_args(plan.vllm_args)
     except _VllmRejected as err:
@@ -1067,7 +1207,8 @@ def check_with_vllm(plan: Plan) -> None:
         if setting.emit == "positional":
             expected = plan.model
         parsed = getattr(namespace, setting.dest, None)
-        if not _same(parsed, expected):
+        same = _same_config if setting.name == "compilation_config" else _same
+        if not same(parsed, expected):
             secrets = [str(p) for p in (parsed if isinstance(parsed, list) else [parsed])] if setting.secret else []
             raise _cli_error(
                 f"a pass-through argument sets {setting.name} to {setting.display(parsed)!s} "
