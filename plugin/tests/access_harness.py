@@ -16,6 +16,7 @@ Used by tests/test_access.py (vLLM 0.32, .venv) and plugin/tests/test_access_vll
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
 import sys
@@ -155,7 +156,21 @@ def open_without_key(result: dict[str, Any]) -> set[str]:
     return {p.split(" (")[0] for p in result["problems"] if "served without the key" in p}
 
 
-if __name__ == "__main__":  # vLLM 0.23: `python access_harness.py TMPDIR` in a fresh process
+def report_from(python: str, tmp: pathlib.Path, timeout: float = 600) -> dict[str, Any]:
+    """report() of another venv's vLLM (0.23, 0.30), run by its interpreter in a fresh process
+    with this checkout's `minicpmv_ascend` and the CPU venv's API server packages behind its own."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS" and not k.startswith(("MINICPMV_", "VLLM_"))}
+    env |= {**ROUTE_FAMILIES_ENV, "VLLM_API_KEY": KEY, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([python, __file__, str(tmp)], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+if __name__ == "__main__":  # `python access_harness.py TMPDIR`: see report_from()
     import json
     import logging
 

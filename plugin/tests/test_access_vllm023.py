@@ -10,22 +10,13 @@ vLLM 0.32's app in tests/test_access.py and live in tests/test_security.py.
 
 from __future__ import annotations
 
-import json
-import pathlib
+import sys
 
-from _vllm023 import run_python
-
-HARNESS = pathlib.Path(__file__).with_name("access_harness.py")
+from access_harness import open_without_key, report_from
 
 
 def test_every_route_of_vllm023s_app_needs_the_key_and_admin_routes_are_off(tmp_path):
-    from access_harness import KEY, ROUTE_FAMILIES_ENV, open_without_key
-
-    proc = run_python(f"import runpy, sys; sys.argv = ['h', {str(tmp_path)!r}]; "
-                      f"runpy.run_path({str(HARNESS)!r}, run_name='__main__')",
-                      env={**ROUTE_FAMILIES_ENV, "VLLM_API_KEY": KEY})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
+    result = report_from(sys.executable, tmp_path)
     assert result["vllm"].startswith("0.23.")
     # The bug: vLLM 0.23 alone answers /invocations, /tokenize, the admin routes... without the key.
     open_routes = open_without_key(result["vllm alone"])
