@@ -1,9 +1,10 @@
-"""Security, tried for real: the API key, server-side media fetching (SSRF) and the container's
-privileges.
+"""Security, tried for real: the API key on every route, server-side media fetching (SSRF) and
+the container's privileges.
 
 - `guarded`: this module's own vLLM server with the media defaults (fetching image URLs off), the
   API key from a file (as a mounted Kubernetes/Docker secret) and one allowed local media
-  directory. The API-key proofs and "off by default" run against it.
+  directory. The API-key proofs (route by route from its live /openapi.json and route list, and
+  path tricks over raw HTTP) and "off by default" run against it.
 - the shared `server` (tests/conftest.py) allows exactly one host, 127.0.0.1, for the image-URL
   examples: the allow-list proofs run against it.
 - the deployment files (compose.yaml, the rendered Kubernetes manifests) are read, not run.
@@ -15,6 +16,7 @@ Image hosts are loopback HTTP servers that count the requests they get: "refused
 from __future__ import annotations
 
 import base64
+import http.client
 import http.server
 import io
 import json
@@ -43,7 +45,7 @@ from test_deploy_support import (
     server_container,
 )
 
-from minicpmv_ascend import settings
+from minicpmv_ascend import access, settings
 
 SECRET = "sk-security-7c1e-never-in-argv-or-logs"
 PROBE = REPO / "healthcheck" / "probe.py"
@@ -161,6 +163,7 @@ def guarded(tiny_checkpoint, files):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.engine
 def test_requests_without_the_key_get_401(guarded) -> None:
     chat = {"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
     for key in (None, "sk-wrong"):
@@ -171,8 +174,13 @@ def test_requests_without_the_key_get_401(guarded) -> None:
     assert request(guarded.base_url, "/health")[0] == 200
 
 
+@pytest.mark.engine
 def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
     env = clean_env(PORT=str(guarded.port), SERVED_MODEL_NAME=guarded.model)
+    for with_key in ({}, {"API_KEY_FILE": str(files / "api-key")}):  # liveness needs no key
+        live = subprocess.run([sys.executable, str(PROBE), "live"], capture_output=True, text=True, timeout=60,
+                              env={**env, **with_key})
+        assert live.returncode == 0, live.stderr
     for mode in ("ready", "smoke"):
         ok = subprocess.run([sys.executable, str(PROBE), mode], capture_output=True, text=True, timeout=180,
                             env={**env, "API_KEY_FILE": str(files / "api-key")})
@@ -181,6 +189,141 @@ def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
                                  timeout=180, env=env)
         assert without.returncode == 1 and "401" in without.stderr, without.stderr
         assert SECRET not in ok.stdout + ok.stderr + without.stdout + without.stderr
+
+
+# Every route of the running server, as vLLM 0.32 publishes it for this kit (generate task, no dev
+# mode): those that serve or inspect the model. Public routes (access.PUBLIC_ROUTES) and admin
+# routes (access.ADMIN_ROUTES) come from the code; a route in neither and not here fails the test.
+NEEDS_KEY: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": ("POST",), "/v1/completions": ("POST",), "/v1/models": ("GET",),
+    "/v1/chat/completions/batch": ("POST",), "/v1/responses": ("POST",),
+    "/v1/responses/{response_id}": ("GET",), "/v1/responses/{response_id}/cancel": ("POST",),
+    "/v1/messages": ("POST",), "/v1/messages/count_tokens": ("POST",), "/v1/systemone": ("POST",),
+    "/invocations": ("POST",),  # SageMaker's inference route: the same handlers as /v1
+    "/tokenize": ("POST",), "/detokenize": ("POST",), "/generative_scoring": ("POST",),
+    "/version": ("GET",),  # which vLLM, hence which of its CVEs: not for anonymous callers
+    # The API schema and its pages: a map of every route; operators fetch it with the key.
+    "/openapi.json": ("GET", "HEAD"), "/docs": ("GET", "HEAD"), "/docs/oauth2-redirect": ("GET", "HEAD"),
+    "/redoc": ("GET", "HEAD"),
+    # Scale-out routes: 403 stubs from vLLM unless --enable-scale-out; not in the schema.
+    "/v1/chat/completions/render": ("POST",), "/v1/completions/render": ("POST",),
+    "/v1/messages/render": ("POST",), "/v1/responses/render": ("POST",),
+    "/v1/chat/completions/derender": ("POST",), "/v1/completions/derender": ("POST",),
+    "/inference/v1/generate": ("POST",),
+}
+
+
+def raw_request(srv: Any, method: str, target: str, key: str | None = None, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One request with the target sent byte for byte (no client-side normalisation)."""
+    connection = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        sent = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        connection.request(method, target, body=body if body is not None else (b"{}" if method == "POST" else None),
+                           headers=sent | (headers or {}))
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def served_routes(srv: Any) -> set[tuple[str, str]]:
+    """(method, path) of the live /openapi.json (read with the key) and of the route list vLLM
+    logs at start (it also has the routes left out of the schema)."""
+    status, body = raw_request(srv, "GET", "/openapi.json", SECRET)
+    assert status == 200, body[:300]
+    routes = {(method.upper(), path) for path, item in json.loads(body)["paths"].items() for method in item}
+    logged = re.findall(r"Route: (\S+), Methods: ([A-Z, ]+)$", srv.log_path.read_text(errors="replace"), re.M)
+    assert logged, "vLLM's 'Available routes' list is missing from the server log"
+    routes |= {(method.strip(), path) for path, methods in logged for method in methods.split(",")}
+    return routes
+
+
+def kind_of(method: str, path: str) -> str | None:
+    if access.is_public(method, path):
+        return "public"
+    if access.is_admin(path):
+        return "admin"
+    return "key" if method in NEEDS_KEY.get(path, ()) else None
+
+
+@pytest.mark.engine
+def test_every_route_needs_the_key_except_the_public_ones(guarded) -> None:
+    """Route by route from the live server: without a key, with a wrong key, with the key."""
+    routes = served_routes(guarded)
+    unclassified = sorted(r for r in routes if kind_of(*r) is None)
+    assert not unclassified, (
+        f"classify it: {unclassified} is served but in no list. If it serves or inspects the model or "
+        "changes the server, add it to NEEDS_KEY here (or to access.ADMIN_ROUTES); if it is safe without "
+        "a key, to access.PUBLIC_ROUTES with the reason")
+    stale = sorted((m, p) for p, methods in NEEDS_KEY.items() for m in methods if (m, p) not in routes)
+    assert not stale, f"NEEDS_KEY lists routes this vLLM does not serve: {stale}"
+    table: dict[str, list[str]] = {"public": [], "key": [], "admin": []}
+    for method, path in sorted(routes, key=lambda r: (r[1], r[0])):
+        kind, target = kind_of(method, path), re.sub(r"\{[^}]*\}", "x", path)
+        table[kind].append(f"{method} {path}")
+        no_key, wrong, (with_key, body) = (raw_request(guarded, method, target)[0],
+                                           raw_request(guarded, method, target, "sk-wrong")[0],
+                                           raw_request(guarded, method, target, SECRET))
+        where = f"{method} {path} ({kind}): {no_key} / {wrong} / {with_key}"
+        if kind == "public":
+            assert no_key == wrong == with_key == 200, where
+            continue
+        assert (no_key, wrong) == (401, 401), where
+        refused_as_admin = with_key == 403 and access.SETTING_ENV.encode() in body
+        assert with_key != 401 and refused_as_admin == (kind == "admin"), f"{where}: {body[:200]!r}"
+    print("\n" + "\n".join(f"{kind} ({len(rows)}): {', '.join(rows)}" for kind, rows in table.items()))
+    assert {"POST /invocations", "POST /tokenize", "GET /openapi.json"} <= set(table["key"])
+    assert {"POST /scale_elastic_ep", "GET /load", "GET /kv_event_sources"} <= set(table["admin"])
+
+
+@pytest.mark.engine
+def test_invocations_runs_a_chat_only_with_the_key(guarded) -> None:
+    """The reported hole, end to end: SageMaker's /invocations with a real chat body."""
+    chat = json.dumps({"model": guarded.model, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    for key in (None, "sk-wrong"):
+        status, body = raw_request(guarded, "POST", "/invocations", key, chat)
+        assert status == 401 and b"choices" not in body, (status, body[:200])
+    status, body = raw_request(guarded, "POST", "/invocations", SECRET, chat)
+    assert status == 200 and json.loads(body)["choices"], body[:300]
+    metrics = raw_request(guarded, "GET", "/metrics")
+    assert metrics[0] == 200 and b"vllm:" in metrics[1]  # Prometheus scrapes without a key
+
+
+# Spellings that a path-prefix check, a lenient router or a proxy may treat as a guarded route.
+PATH_TRICKS = [
+    ("POST", "//v1/chat/completions"), ("POST", "/%761/chat/completions"), ("POST", "/V1/chat/completions"),
+    ("POST", "/v1/chat/completions/"), ("POST", "/%69nvocations"), ("POST", "//invocations"),
+    ("POST", "/invocations/"), ("POST", "/INVOCATIONS"), ("POST", "/./invocations"),
+    ("POST", "/health/../invocations"), ("POST", "/v1/../invocations"), ("POST", "/health%2F..%2Finvocations"),
+    ("POST", "/metrics/../invocations"), ("POST", "/invocations;x"), ("POST", "/invocations?x=/v1"),
+    ("POST", "/invocations#/v1"), ("GET", "/metrics/"), ("GET", "/metrics/x"), ("GET", "//health"),
+    ("GET", "/health/"), ("GET", "/HEALTH"), ("GET", "//openapi.json"), ("GET", "/openapi.json/"),
+    ("GET", "/docs/"), ("GET", "/"), ("GET", "/static/x"), ("POST", "/tokenize/"),
+    ("POST", "/scale_elastic_ep/"), ("POST", "/%73cale_elastic_ep"),
+]
+
+
+@pytest.mark.engine
+def test_path_tricks_methods_and_preflights_need_the_key(guarded) -> None:
+    chat = json.dumps({"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    outcomes = {}
+    for method, target in PATH_TRICKS + [("POST", f"http://127.0.0.1:{guarded.port}/invocations")]:
+        status, body = raw_request(guarded, method, target, body=chat.encode() if method == "POST" else None)
+        outcomes[f"{method} {target}"] = status
+        assert status == 401 and b"choices" not in body, (method, target, status, body[:200])
+    # HEAD and OPTIONS (not a CORS preflight) of every protected route: 401 as well.
+    for path, methods in NEEDS_KEY.items():
+        target = path.replace("{response_id}", "x")
+        for method in ("HEAD", "OPTIONS", "PUT", "DELETE"):
+            assert raw_request(guarded, method, target)[0] == 401, (method, path)
+    # A CORS preflight is answered by vLLM's CORS middleware itself (vLLM 0.32 allows no origin by
+    # default: 400 "Disallowed CORS origin"; an allowed one gets 200 "OK"): no handler runs.
+    preflight = {"Origin": "https://example.com", "Access-Control-Request-Method": "POST"}
+    status, body = raw_request(guarded, "OPTIONS", "/invocations", headers=preflight)
+    assert (status, body) == (400, b"Disallowed CORS origin"), (status, body[:200])
+    print(f"\n{len(outcomes)} path tricks, all 401: {', '.join(outcomes)}")
 
 
 def descendants(pid: int) -> list[int]:
@@ -199,6 +342,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.engine
 def test_the_key_is_in_no_command_line_and_no_log(guarded) -> None:
     request(guarded.base_url, "/v1/models", key="sk-wrong")  # a rejected request is logged too
     processes = descendants(guarded.process.pid)
@@ -230,6 +374,7 @@ def test_dry_run_and_errors_never_show_the_key(tiny_checkpoint, tmp_path) -> Non
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.engine
 def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host) -> None:
     for url in (f"http://127.0.0.1:{image_host.port}/x.png", f"http://localhost:{image_host.port}/x.png"):
         status, body = image_chat(guarded, url, SECRET)
@@ -240,6 +385,7 @@ def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host)
 
 
 @pytest.mark.server
+@pytest.mark.engine
 def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> None:
     inside, outside = files / "media" / "red.png", files / "outside" / "blue.png"
     assert image_chat(guarded, inside.as_uri(), SECRET)[0] == 200

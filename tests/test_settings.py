@@ -153,6 +153,7 @@ def test_default_argv(tiny_checkpoint):
         "--uvicorn-log-level": "info",
         "--shutdown-timeout": "30",
         "--allowed-media-domains": settings.MEDIA_FETCHING_OFF,  # media URL fetching off
+        "--middleware": "minicpmv_ascend.access.AccessControl",  # the API key on every route
     }
     for flag, value in expected.items():
         assert flag_value(args, flag) == value
@@ -542,6 +543,10 @@ def test_declarations_match_vllms_parser():
     parser = settings._vllm_parser()
     actions = {option: action for action in parser._actions for option in action.option_strings}
     for s in SETTINGS:
+        if s.emit == "middleware":  # vLLM appends every --middleware (a pass-through one adds to it)
+            assert actions["--middleware"].dest == "middleware" and actions["--middleware"].default == []
+            assert parser.parse_args(["m", "--middleware", "a.B", "--middleware", "c.D"]).middleware == ["a.B", "c.D"]
+            continue
         if s.emit in ("launcher", "positional") or s.name == "api_key_file":
             continue
         action = actions.get(s.flag)

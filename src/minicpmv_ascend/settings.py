@@ -40,6 +40,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
+from minicpmv_ascend import access
+
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
 REDACTED = "<redacted>"
@@ -161,8 +163,9 @@ MEDIA_FETCHING_OFF = "none (fetching media by URL is off; send images as data: U
 #   list        --flag A B (vLLM's nargs="+"; omitted when the effective value is None)
 #   positional  the MODEL argument of `vllm serve`
 #   env         only through the exec'd process's environment (secrets)
+#   middleware  --middleware with the access-control class the value selects (minicpmv_ascend.access)
 #   launcher    used by the launcher itself, never by vLLM
-Emit = Literal["value", "bool", "json", "list", "positional", "env", "launcher"]
+Emit = Literal["value", "bool", "json", "list", "positional", "env", "middleware", "launcher"]
 Source = Literal["default", "yaml", "env", "cli"]
 
 
@@ -299,6 +302,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_key_file", str, "",
             "File holding the API key (e.g. a mounted Kubernetes secret); surrounding whitespace "
             "is stripped. Use instead of api_key.", emit="env"),
+    Setting("enable_admin_routes", bool, False,
+            "Serve vLLM's admin and scaling routes (/scale_elastic_ep, /load, /kv_event_sources; the "
+            "dev-mode, profiler and runtime-LoRA routes when vLLM has them on), with the API key. "
+            "false: they answer 403 naming this setting. The key guards every other route too, except "
+            "/health, /ping and /metrics (docs/reliability.md).",
+            emit="middleware"),
     Setting("cache_dir", str, "",
             f"Where the embedded tiny checkpoint is generated (empty: {DEFAULT_CACHE_DIR}).",
             emit="launcher", env_name="MINICPMV_CACHE_DIR"),
@@ -1003,6 +1012,8 @@ def setting_argv(setting: Setting, value: Any) -> list[str]:
         return [flag, *value] if value is not None else []
     if setting.emit == "value" and value is not None:
         return [flag, str(value)]
+    if setting.emit == "middleware":
+        return ["--middleware", access.middleware_path(bool(value))]
     return []  # positional, env, launcher, or not passed
 
 
@@ -1201,8 +1212,8 @@ def check_with_vllm(plan: Plan) -> None:
     # A pass-through abbreviation (--max-model 4096) or dotted form (--limit-mm-per-prompt.image 3)
     # reaches a setting without us seeing it: the listed value would then not be the one used.
     for setting in SETTINGS:
-        if setting.emit in ("launcher",) or setting.name == "api_key_file":
-            continue
+        if setting.emit in ("launcher", "middleware") or setting.name == "api_key_file":
+            continue  # middleware: vLLM appends every --middleware, a pass-through one cannot replace it
         expected = None if setting.emit == "env" else plan.effective[setting.name]
         if setting.emit == "positional":
             expected = plan.model
@@ -1267,6 +1278,9 @@ def _doc_flag(setting: Setting) -> str:
     if setting.emit == "env":
         # Both API-key settings end up in vLLM's environment, never on its command line.
         return "env `VLLM_API_KEY` of vLLM"
+    if setting.emit == "middleware":
+        on = access.middleware_path(True).rpartition(".")[2]
+        return f"`--middleware {access.middleware_path(False)}` (true: `.{on}`)"
     if setting.emit == "launcher":
         return "- (launcher only)"
     if setting.emit == "bool":
