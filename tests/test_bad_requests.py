@@ -221,10 +221,10 @@ CASES: tuple[Case, ...] = (
          lambda model: chat(model, image_parts(noise_png_url(4000))), 200, "chat.completion",
          "served in ~2 s"),
     Case("image_decompression_bomb", "a PNG whose header says 14000x14000 (196 megapixels)",
-         lambda model: chat(model, image_parts(png_claiming(14_000, 14_000))), 500,
+         lambda model: chat(model, image_parts(png_claiming(14_000, 14_000))), 400,
          "decompression bomb",
-         "**finding**: Pillow refuses it, but vLLM 0.32 answers 500, not 400; the server stays "
-         "healthy"),
+         "Pillow refuses it before decoding; 400 with Pillow's reason and \"Downscale the image to at "
+         "most 178956970 pixels\" (plugin `image-bomb-400`; vLLM 0.32 alone: 500)"),
     Case("too_many_images", f"{IMAGE_LIMIT + 1} images (limit_mm_per_prompt image={IMAGE_LIMIT})",
          lambda model: chat(model, image_parts(*[png_url(32, 32)] * (IMAGE_LIMIT + 1))), 400,
          f"At most {IMAGE_LIMIT} image"),

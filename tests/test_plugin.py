@@ -28,13 +28,15 @@ import reasoning_harness  # noqa: E402
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
-                  "gdn-one-token-prefill")
+                  "gdn-one-token-prefill", "image-bomb-400", "shutdown-drain-503")
+SKIPPED_ON_032 = ("uvicorn-signals",)  # backports of fixes vLLM 0.32 has (besides the model backports)
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "
     r"applied: gdn-state-dtype, " + ", ".join(SERVER_PATCHES)
     + r"; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
-    r"rotary-mrope \(platform cpu is not Ascend\); decided when vLLM imports minicpmv4_6: "
+    r"rotary-mrope \(platform cpu is not Ascend\), uvicorn-signals \(vLLM's [\w/.]+ runs a uvicorn server "
+    r"without uvicorn's signal handlers \(vLLM #50916\)\); decided when vLLM imports minicpmv4_6: "
     + ", ".join(BACKPORTS) + "$")
 MODEL_IMPORT = re.compile(
     r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: none; skipped: "
@@ -284,11 +286,12 @@ def test_ascend_check_script_against_the_server(server):
     assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
                     r"torch [\w.+]+$", lines[0]), lines[0]
     assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
-    count = 7 + len(SERVER_PATCHES)
+    count = 7 + len(SERVER_PATCHES) + len(SKIPPED_ON_032)
     patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups()
                    for line in lines[2:2 + count])
     assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-                       **{name: "skipped" for name in BACKPORTS}, **{name: "applied" for name in SERVER_PATCHES}}
+                       **{name: "skipped" for name in BACKPORTS + SKIPPED_ON_032},
+                       **{name: "applied" for name in SERVER_PATCHES}}
     assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
     for name, line in zip(("text", "image", "one-token"), lines[2 + count:5 + count]):
         assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line
