@@ -49,8 +49,8 @@ def test_shellcheck_every_shell_script() -> None:
 
 
 def test_shellcheck_the_smoke_jobs_shell() -> None:
-    job = yaml.safe_load((K8S / "jobs" / "smoke" / "job.yaml").read_text())
-    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    job = yaml.safe_load((K8S / "base" / "smoke.yaml").read_text())
+    command = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     result = run_tool(lint_tool("shellcheck"), "--shell=sh", "--format=gcc", "-", input=command[2])
     assert result.returncode == 0, result.stdout + result.stderr
