@@ -82,10 +82,15 @@ def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, 
         nginx = subprocess.Popen([nginx_binary, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
                                  stdout=subprocess.DEVNULL, stderr=(tmp_path / "nginx.err").open("w"))
         lb = f"http://127.0.0.1:{port}"
-        for _ in range(50):
-            if http_get(f"{lb}/lb-health", timeout=2)[0] == 200:
-                break
+        for _ in range(100):  # nginx listens within moments
+            try:
+                if http_get(f"{lb}/lb-health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
             time.sleep(0.2)
+        else:
+            pytest.fail(f"nginx did not start: {(tmp_path / 'nginx.err').read_text()}")
         before = [sum(successes(s.base_url).values()) for s in (server, second)]
         for _ in range(3):  # text, image and thinking-off requests each time
             result = probe(lb)

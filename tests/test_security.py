@@ -538,3 +538,25 @@ def test_the_deployed_drain_reaches_vllm(tiny_checkpoint) -> None:
         env = {k: v for k, v in env.items() if v}
         plan = settings.build_plan(settings.resolve([], env), env, "cpu" if name == "cpu.env" else "ascend")
         assert plan.vllm_args[plan.vllm_args.index("--shutdown-timeout") + 1] == env["SHUTDOWN_TIMEOUT"]
+
+
+def test_the_documented_nfs_patch_keeps_the_download_job_unprivileged(tmp_path) -> None:
+    """docs/deploy-ascend.md "Storage": running the download Job as an NFS export's owner is a
+    kustomize-valid patch of the overlay, and the Job stays non-root and unprivileged."""
+    import os
+    import pathlib
+
+    from test_deploy_support import K8S, by_name, render_kustomization
+
+    doc = (REPO / "docs" / "deploy-ascend.md").read_text()
+    section = doc[doc.index("**Shared storage that ignores `fsGroup`**"):]
+    block = section[section.index("```yaml\n") + len("```yaml\n"):]
+    patches = yaml.safe_load(block[:block.index("```")])["patches"]
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "a2")], "patches": patches}))
+    cronjob = by_name(render_kustomization(tmp_path), "CronJob", "minicpmv-download-weights")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 2000
+    assert pod_problems(pod) == []
