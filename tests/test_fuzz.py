@@ -61,12 +61,13 @@ def test_routes_of_a_schema():
 
 
 def test_schemathesis_config_is_bounded_and_keeps_the_key_out():
-    text = fuzz.st_config(fuzz.PROFILES["slice"], seed=7, seconds=None, api_key=True)
-    assert "seed = 7" in text and f"max-examples = {fuzz.SLICE_EXAMPLES}" in text
-    assert f"max_response_time = {fuzz.RESPONSE_BOUND_S}" in text and "max-time" not in text
+    text = fuzz.st_config(fuzz.PROFILES["slice"], seed=7, seconds=12.4, api_key=True)
+    assert "seed = 7" in text and f"max-examples = {fuzz.SLICE_EXAMPLES}" in text and "max-time = 12" in text
+    assert f"max_response_time = {fuzz.RESPONSE_BOUND_S}" in text and "continue-on-failure" not in text
     assert 'Authorization = "Bearer ${VLLM_API_KEY}"' in text  # resolved by schemathesis from its env
     long = fuzz.st_config(fuzz.PROFILES["long"], seed=7, seconds=90.5, api_key=False)
-    assert "max-time = 90" in long and "[phases.coverage]" in long and "Authorization" not in long
+    assert "max-time = 90" in long and "continue-on-failure = true" in long and "Authorization" not in long
+    assert "[phases.coverage]" in long and "max-examples" not in long
 
 
 def test_curl_reproduces_the_request_without_the_key():

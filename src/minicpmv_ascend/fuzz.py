@@ -14,18 +14,20 @@ error event inside a 2xx stream, answered within RESPONSE_BOUND_S. After every r
 200 (the engine is alive). After the run: a normal text and a normal image chat succeed
 (healthcheck/probe.py smoke).
 
-Profiles: `slice` (what `make test` runs, tests/test_fuzz.py): phases examples + fuzzing, at most
-SLICE_EXAMPLES generated requests per route and mode, no time budget (bounded by the count; each
-route's `st run` is killed after ROUTE_TIMEOUT_S). `long` (`make fuzz`): phases examples,
-coverage (schemathesis's deterministic boundary values) and fuzzing, which repeats until each
-route's share of --minutes is spent (generation routes get GENERATION_WEIGHT shares). Without
---url the fuzzer starts its own server (entrypoint.py with this environment's settings, e.g.
-`ENABLE_PREFIX_CACHING=true`) and restarts it after an engine death (at most --restarts times),
-so one crash does not hide what the other routes would show.
+Both profiles run schemathesis's phases examples, coverage (deterministic boundary values: the
+smallest valid prompt, the largest number, each optional field alone) and fuzzing (random valid
+and invalid requests from the seed), one route at a time; each route gets a share of the time
+budget (routes that run the engine GENERATION_WEIGHT shares, the others 1), which schemathesis
+spreads over the phases; fuzzing repeats until the share is spent. `slice` (what `make test`
+runs, tests/test_fuzz.py): SLICE_MINUTES, SLICE_EXAMPLES requests per route and fuzzing cycle, a
+route stops at its first failure. `long` (`make fuzz`): --minutes (default 20), continues after
+failures. Without --url the fuzzer starts its own server (entrypoint.py with this environment's
+settings, e.g. `ENABLE_PREFIX_CACHING=true`) and restarts it after an engine death (at most
+--restarts times), so one crash does not hide what the other routes would show.
 
 Output in --out: report.json (everything), report.md (per route: requests, status histogram,
 latency; every failure with a curl command that reproduces it; seeds; time), routes/<route>/
-(schemathesis's NDJSON events and JSON summary, its console output), server.log when it started
+(schemathesis's NDJSON events and JSON summary, its console output), server-N.log when it started
 the server. Exit 0 when the property held, 1 when it did not, 2 on a usage error.
 """
 
@@ -65,9 +67,11 @@ VLLM_MAX_N = 16384  # vLLM 0.32's own limit on n ("n must be at most 16384")
 # other servers, and is far below what a stuck engine or a runaway generation would take.
 RESPONSE_BOUND_S = 30.0
 REQUEST_TIMEOUT_S = 2 * RESPONSE_BOUND_S  # a request that takes longer is reported as a timeout
-ROUTE_TIMEOUT_S = 600  # one route's `st run` in the slice profile; killed (and reported) after it
-SLICE_EXAMPLES = 200  # per route and mode in the slice profile
+ROUTE_GRACE_S = 300  # one route's `st run` is killed (and reported) this long after its time share
+SLICE_EXAMPLES = 25  # per route and fuzzing cycle in the slice profile
+SLICE_MINUTES = 2.5  # the slice's budget (+ ~2 s per route for starting schemathesis)
 GENERATION_WEIGHT = 6  # time shares of a route that runs the engine (vs 1 for the others)
+MIN_ROUTE_S = 5.0  # schemathesis counts its own start (loading the 300 KB schema) against max-time
 DEFAULT_SEED = 20261201
 READY_TIMEOUT_S = 300
 HEALTH_TIMEOUT_S = 10
@@ -107,13 +111,15 @@ def known_reason(failure: dict[str, Any]) -> str | None:
 class Profile:
     name: str
     phases: tuple[str, ...]
-    max_examples: int | None  # per route and mode; None: until the time share is spent
-    timed: bool  # each route gets a share of --minutes
+    max_examples: int | None  # per route and fuzzing cycle (None: schemathesis's 100)
+    minutes: float  # default time budget of the whole run, shared by the routes
+    continue_on_failure: bool  # keep fuzzing a route after a failure (the long run maps them all)
 
 
+PHASES = ("examples", "coverage", "fuzzing")
 PROFILES = {
-    "slice": Profile("slice", ("examples", "fuzzing"), SLICE_EXAMPLES, timed=False),
-    "long": Profile("long", ("examples", "coverage", "fuzzing"), None, timed=True),
+    "slice": Profile("slice", PHASES, SLICE_EXAMPLES, SLICE_MINUTES, continue_on_failure=False),
+    "long": Profile("long", PHASES, None, 20.0, continue_on_failure=True),
 }
 
 
@@ -223,13 +229,11 @@ class OwnServer:
 # --------------------------------------------------------------------------------------------
 
 
-def st_config(profile: Profile, seed: int, seconds: float | None, api_key: bool) -> str:
+def st_config(profile: Profile, seed: int, seconds: float, api_key: bool) -> str:
     """schemathesis.toml for one route's run (TOML: the top-level keys before the first table)."""
     top = [f"seed = {seed}", f"request-timeout = {REQUEST_TIMEOUT_S}",
            "max-stream-events = 10000",  # read streams to their end (output is capped): no_error_event
-           "workers = 1", 'suppress-health-check = ["all"]', "color = false"]
-    if seconds is not None:
-        top.append(f"max-time = {max(1, int(seconds))}")
+           "workers = 1", 'suppress-health-check = ["all"]', "color = false", f"max-time = {max(1, round(seconds))}"]
     tables = ["[generation]", 'mode = "all"', 'database = "none"']
     if profile.max_examples is not None:
         tables.append(f"max-examples = {profile.max_examples}")
@@ -240,7 +244,7 @@ def st_config(profile: Profile, seed: int, seconds: float | None, api_key: bool)
     tables += ["[phases]", "enabled = false"]
     for phase in profile.phases:
         tables += [f"[phases.{phase}]", "enabled = true"]
-    if profile.timed:  # keep fuzzing a route after a failure: the long run maps them all
+    if profile.continue_on_failure:
         top.append("continue-on-failure = true")
     if api_key:  # the key itself stays in the environment of `st`, never in a file
         tables += ["[headers]", 'Authorization = "Bearer ${VLLM_API_KEY}"']
@@ -315,7 +319,7 @@ def _failure_message(check: dict[str, Any]) -> str:
     return " ".join(str(failure.get(k) or "") for k in ("title", "message")).strip()[:300]
 
 
-def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds: float | None,
+def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds: float,
               out: pathlib.Path, st: pathlib.Path, api_key: str | None) -> dict[str, Any]:
     """One `st run` for one route; its requests and what the run itself said."""
     out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +333,7 @@ def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds:
                               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
-    timeout = ROUTE_TIMEOUT_S if seconds is None else seconds + ROUTE_TIMEOUT_S
+    timeout = seconds + ROUTE_GRACE_S
     started = time.monotonic()
     timed_out = False
     with (out / "console.txt").open("w") as console:
@@ -387,7 +391,8 @@ def failures_of(run: dict[str, Any]) -> list[dict[str, Any]]:
         found[("none",)] = {"route": run["route"], "check": "no request sent (schemathesis's console.txt says why)",
                             "message": run.get("console_tail", ""), "count": 1}
     if run["timed_out"]:
-        found[("timeout",)] = {"route": run["route"], "check": f"route run exceeded {ROUTE_TIMEOUT_S} s", "count": 1}
+        found[("timeout",)] = {"route": run["route"], "check": f"schemathesis ran {ROUTE_GRACE_S} s past the route's time share",
+                               "count": 1}
     for error in run["st_errors"]:
         found[("st", str(error)[:80])] = {"route": run["route"], "check": "schemathesis error",
                                           "message": str(error)[:500], "count": 1}
@@ -419,11 +424,12 @@ def smoke(base_url: str, model: str | None) -> dict[str, Any]:
 def time_shares(routes: Sequence[Route], minutes: float) -> dict[str, float]:
     weights = {r.label: GENERATION_WEIGHT if r.engine else 1 for r in routes}
     total = sum(weights.values())
-    return {label: minutes * 60 * w / total for label, w in weights.items()}
+    return {label: max(MIN_ROUTE_S, minutes * 60 * w / total) for label, w in weights.items()}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     profile = PROFILES[args.profile]
+    minutes = args.minutes or profile.minutes
     st = pathlib.Path(args.st)
     if not st.exists():
         raise UsageError(f"{st} does not exist: build the fuzzer's environment with `make fuzz-tools` "
@@ -436,7 +442,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     report: dict[str, Any] = {
         "profile": profile.name, "seed": args.seed, "phases": list(profile.phases),
-        "max_examples_per_route_and_mode": profile.max_examples, "minutes": args.minutes if profile.timed else None,
+        "max_examples_per_route_and_cycle": profile.max_examples, "minutes": minutes,
         "response_bound_s": RESPONSE_BOUND_S, "output_cap_tokens": OUTPUT_CAP, "n_cap": N_CAP,
         "schemathesis": _st_version(st), "load_before": machine_load(), "routes": [], "failures": [],
         "engine_deaths": [], "not_run": [], "known": []}
@@ -450,14 +456,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not routes:
             raise UsageError(f"no route of {base_url}/openapi.json matches --route {args.route}")
         report["published_routes"] = [r.label for r in routes_of(schema)]
-        shares = time_shares(routes, args.minutes) if profile.timed else {}
+        shares = time_shares(routes, minutes)
         restarts = 0
         for index, route in enumerate(routes):
             if not healthy(base_url, headers):
                 report["not_run"] = [r.label for r in routes[index:]]
                 break
             print(f"[fuzz] {index + 1}/{len(routes)} {route.label}", file=sys.stderr, flush=True)
-            done = run_route(route, base_url, profile, args.seed, shares.get(route.label),
+            done = run_route(route, base_url, profile, args.seed, shares[route.label],
                              out / "routes" / route.slug, st, api_key)
             report["routes"].append(route_figures(done))
             for failure in failures_of(done):
@@ -533,7 +539,8 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start one with entrypoint.py and this environment)")
     p.add_argument("--profile", choices=sorted(PROFILES), default="long")
-    p.add_argument("--minutes", type=float, default=20.0, help="time budget of the long profile (default 20)")
+    p.add_argument("--minutes", type=float, help="time budget, shared by the routes (default: slice "
+                   f"{SLICE_MINUTES}, long {PROFILES['long'].minutes})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--out", default=str(REPO / "build" / "fuzz"), help="report directory (default build/fuzz)")
     p.add_argument("--route", action="append", default=[], help="only routes whose 'METHOD /path' contains this (repeatable)")
@@ -546,7 +553,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.minutes <= 0:
+        if args.minutes is not None and args.minutes <= 0:
             raise UsageError(f"--minutes {args.minutes}: must be positive")
         if args.url and urllib.parse.urlparse(args.url).scheme not in ("http", "https"):
             raise UsageError(f"--url {args.url}: expected http://HOST:PORT")

@@ -139,8 +139,11 @@ def before_load_schema(context: Any, raw_schema: dict[str, Any]) -> None:
 
 
 @schemathesis.hook
-def map_body(context: Any, body: Any) -> Any:
-    return cap_body(context.operation.path, body)
+def map_case(context: Any, case: Any) -> Any:
+    # map_case, not map_body: schemathesis applies map_case in every phase (its coverage phase
+    # builds cases without the body hooks).
+    case.body = cap_body(case.operation.path, case.body)
+    return case
 
 
 def _json(content: bytes) -> Any:
