@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from . import (
+    content_part_400,
     engine_death_exit,
     file_url_400,
     gdn_state_dtype,
@@ -33,6 +34,7 @@ from . import (
     max_slice_nums,
     processor_version,
     reasoning,
+    request_type_400,
     rotary_mrope,
     shutdown_cut_requests,
     transformers_check,
@@ -57,6 +59,8 @@ PATCHES: tuple[Patch, ...] = (
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
     file_url_400.PATCH,
+    request_type_400.PATCH,
+    content_part_400.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

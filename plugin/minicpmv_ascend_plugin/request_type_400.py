@@ -1,0 +1,96 @@
+"""A request field of the wrong JSON type that crashes one of vLLM's request validators is a 400.
+
+Bug (vLLM 0.32, found by `make fuzz`): the request models' `check_structured_outputs_count`
+(`entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py`, a pydantic
+`model_validator(mode="before")`) calls `.get()` on `structured_outputs` whatever its type. A
+well-formed JSON body with `"structured_outputs": []` (or a string, a number) raises
+`AttributeError` inside pydantic, which is not a `ValidationError`, so FastAPI does not turn it
+into a 400: vLLM answers **500** "'list' object has no attribute 'get'" on /v1/completions,
+/v1/chat/completions and /v1/chat/completions/batch. No upstream fix in 0.32 / 0.33.
+
+Fix: FastAPI's `ModelField.validate` (what validates every request body against its model) is
+wrapped: an `AttributeError`, `TypeError` or `KeyError` out of the model's validators becomes a
+validation error, which vLLM answers as 400 like every other one. The message names the field
+when it is one of the known cases (`structured_outputs` must be a JSON object such as
+{"regex": "..."}), else it says which body field types to check. Bodies that validate, and
+every other error, are untouched.
+
+Applies when: vLLM's completion request model reads `structured_outputs` with `.get(` in
+`check_structured_outputs_count` and never checks that it is a dict (read from vLLM's source,
+without importing it). Only processes that import FastAPI (the API server) are changed.
+Delete when: vLLM checks the type there (a list is then its own 400).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from ._base import AT_REGISTER, Patch, source_of, wrap_once
+from ._import_hook import when_imported
+
+NAME = "request-type-400"
+PROTOCOL_FILES = ("entrypoints/openai/completion/protocol.py", "entrypoints/openai/protocol.py")  # 0.32, 0.23
+# FastAPI's request-body field, by FastAPI version (>= 0.119 has the pydantic-v2 module).
+FASTAPI_MODULES = ("fastapi._compat.v2", "fastapi._compat")
+OBJECT_FIELDS = {
+    "structured_outputs": 'a JSON object with one constraint, e.g. {"regex": "[0-9]+"}, {"choice": ["a", "b"]} '
+                          'or {"json": {...}}',
+}
+
+
+def message(body: Any, error: BaseException) -> tuple[tuple[str, ...], str]:
+    """(loc, message) for a body whose validation raised `error`."""
+    if isinstance(body, dict):
+        for field, expected in OBJECT_FIELDS.items():
+            value = body.get(field)
+            if value is not None and not isinstance(value, dict):
+                return (field,), f"`{field}` must be {expected}; got {type(value).__name__}"
+    return (), (f"invalid request body: a field has an unexpected JSON type ({type(error).__name__}: {error}); "
+                "check the types of the fields against the API reference")
+
+
+def _validate(original: Any) -> Any:
+    @functools.wraps(original)
+    def validate(self: Any, value: Any, values: Any = {}, *, loc: tuple[Any, ...] = ()) -> Any:  # noqa: B006
+        try:
+            return original(self, value, values, loc=loc)
+        except (AttributeError, TypeError, KeyError) as error:
+            where, text = message(value, error)
+            return None, [{"type": "value_error", "loc": (*loc, *where), "msg": text,
+                           "input": value.get(where[0]) if where and isinstance(value, dict) else None,
+                           "ctx": {"error": text}}]
+
+    return validate
+
+
+def check(_: Any) -> str | None:
+    found = source_of(*PROTOCOL_FILES)
+    if found is None:
+        return "vLLM has no completion protocol module here"
+    path, source = found
+    body = re.search(r"def check_structured_outputs_count\(.*?\n(?=    @|    def |\Z)", source, re.S)
+    if body is None:
+        return f"vLLM's {path} has no check_structured_outputs_count"
+    if ".get(" not in body.group(0):
+        return f"vLLM's {path} check_structured_outputs_count does not call .get()"
+    if re.search(r"isinstance\(\s*structured_outputs\w*\s*,\s*dict", body.group(0)):
+        return f"vLLM's {path} checks that structured_outputs is a dict"
+    return None
+
+
+def apply(_: Any) -> None:
+    for module in FASTAPI_MODULES:
+        when_imported(module, lambda m: hasattr(m, "ModelField") and wrap_once(m.ModelField, "validate", _validate))
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="a body field of the wrong JSON type that crashes a request validator (e.g. structured_outputs: []) "
+    "is a 400 naming the field, not a 500",
+    upstream="vllm/entrypoints/openai/*/protocol.py check_structured_outputs_count calls .get() on any type (0.32)",
+    check=check,
+    apply=apply,
+)
