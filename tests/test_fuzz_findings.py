@@ -32,6 +32,15 @@ FINDINGS = {
                                    {"input": [{"id": "", "type": "function_call_output", "status": "completed",
                                                "output": [{"type": "input_file", "detail": None}]}],
                                     "max_output_tokens": 2}, "Unsupported chat content part type: 'input_file'"),
+    "responses_assistant_empty_content": ("/v1/responses",
+                                          {"input": [{"type": "message", "role": "assistant", "content": [],
+                                                      "id": "", "status": "completed"}], "max_output_tokens": 2},
+                                          "must have an `output_text` part first"),
+    "responses_assistant_refusal": ("/v1/responses",
+                                    {"input": [{"type": "message", "role": "assistant",
+                                                "content": [{"type": "refusal", "refusal": "no"}]},
+                                               {"role": "user", "content": "Hi"}], "max_output_tokens": 2},
+                                    "a `refusal` part first"),
 }
 
 
@@ -109,13 +118,43 @@ def test_content_part_400_bug_without_and_fix_with_the_plugin():
     assert fixed["number"][0::2] == ["ValueError", 400] and "must be a string or a JSON object" in fixed["number"][1]
 
 
+RESPONSES_INPUT = textwrap.dedent("""
+    import json
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputRefusal, ResponseOutputText
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.entrypoints.openai.responses import utils
+
+    def message(*content):
+        return ResponseOutputMessage(id="m", type="message", role="assistant", status="completed", content=list(content))
+
+    out = {}
+    for name, item in (("empty", message()), ("refusal", message(ResponseOutputRefusal(type="refusal", refusal="no"))),
+                       ("text", message(ResponseOutputText(type="output_text", text="yes", annotations=[])))):
+        try:
+            out[name] = ["ok", utils._construct_message_from_response_item(item, None)]
+        except Exception as error:
+            out[name] = [type(error).__name__, str(error)[:300], create_error_response(error).error.code]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_responses_input_400_bug_without_and_fix_with_the_plugin():
+    fixed, bug = run_python(RESPONSES_INPUT), run_python(RESPONSES_INPUT, PLUGIN_OFF)
+    assert bug["empty"][0::2] == ["IndexError", 500] and bug["refusal"][0::2] == ["AttributeError", 500]  # the bug
+    assert fixed["empty"][0::2] == fixed["refusal"][0::2] == ["ValueError", 400]
+    assert "got no content" in fixed["empty"][1] and "a `refusal` part first" in fixed["refusal"][1]
+    assert fixed["text"] == bug["text"] == ["ok", {"role": "assistant", "content": "yes"}]
+
+
 def test_plugin_predicates_read_vllm_032():
     out = run_python(textwrap.dedent("""
         import json
-        from minicpmv_ascend_plugin import content_part_400, request_type_400
-        print("RESULT " + json.dumps([request_type_400.check(None), content_part_400.check(None)]))
+        from minicpmv_ascend_plugin import content_part_400, request_type_400, responses_input_400
+        print("RESULT " + json.dumps([p.check(None) for p in (request_type_400, content_part_400, responses_input_400)]))
     """))
-    assert out == [None, None]  # both bugs are in vLLM 0.32's source
+    assert out == [None, None, None]  # the three bugs are in vLLM 0.32's source
 
 
 @pytest.mark.server

@@ -147,6 +147,11 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
 API_SERVER_LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
 
 
+def module_name(relative_path: str) -> str:
+    """vLLM's module for one of its source files: 'renderers/chat_utils.py' -> 'vllm.renderers.chat_utils'."""
+    return "vllm." + relative_path.removesuffix(".py").replace("/", ".")
+
+
 def source_of(*relative_paths: str) -> tuple[str, str] | None:
     """(path, text) of the first of vLLM's source files that exists, read WITHOUT importing it
     (predicates decided in register() must stay cheap; vLLM's module layout moves between

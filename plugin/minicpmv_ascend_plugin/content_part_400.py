@@ -25,16 +25,12 @@ import functools
 import re
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, source_of, wrap_once
+from ._base import AT_REGISTER, Patch, module_name, source_of, wrap_once
 from ._import_hook import when_imported
 
 NAME = "content-part-400"
 CHAT_UTILS = ("renderers/chat_utils.py", "entrypoints/chat_utils.py")  # 0.32, 0.23
 FUNCTION = "_parse_chat_message_content_mm_part"
-
-
-def _module_name(path: str) -> str:
-    return "vllm." + path.removesuffix(".py").replace("/", ".")
 
 
 def _parse(original: Any) -> Any:
@@ -79,7 +75,7 @@ def check(_: Any) -> str | None:
 
 def apply(_: Any) -> None:
     path, _source = source_of(*CHAT_UTILS)
-    when_imported(_module_name(path), lambda module: wrap_once(module, FUNCTION, _parse))
+    when_imported(module_name(path), lambda module: wrap_once(module, FUNCTION, _parse))
 
 
 PATCH = Patch(

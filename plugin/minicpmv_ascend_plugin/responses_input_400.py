@@ -1,0 +1,78 @@
+"""An assistant message in a /v1/responses `input` with no text part first is a 400, not a 500.
+
+Bug (vLLM 0.32, found by `make fuzz`): `entrypoints/openai/responses/utils.py::
+_construct_message_from_response_item` turns an earlier assistant turn
+(`{"type": "message", "role": "assistant", "content": [...]}`, an openai `ResponseOutputMessage`)
+into a chat message with `item.content[0].text`. With `"content": []` that is an IndexError
+("list index out of range"), and with a refusal part first (`{"type": "refusal", "refusal":
+"..."}`, which the OpenAI API allows there) an AttributeError ("'ResponseOutputRefusal' object has
+no attribute 'text'"): both are answered **500**. No upstream fix in 0.32 / 0.33.
+
+Fix: the function is wrapped: such an item is refused with a ValueError (400) that says what an
+assistant message in `input` must look like. Every other item goes to vLLM unchanged.
+
+Applies when: vLLM's function reads `item.content[0].text` for a ResponseOutputMessage without
+checking that the content has a text part (read from vLLM's source, without importing it). Only
+the process that imports vLLM's Responses API code (the API server) is changed.
+Delete when: vLLM checks the content there (or joins the text and refusal parts).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from ._base import AT_REGISTER, Patch, module_name, source_of, wrap_once
+from ._import_hook import when_imported
+
+NAME = "responses-input-400"
+UTILS = ("entrypoints/openai/responses/utils.py",)  # 0.32 (0.23 has no such function: see check)
+FUNCTION = "_construct_message_from_response_item"
+MESSAGE = ("an assistant message in `input` must have an `output_text` part first, e.g. "
+           '{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "...", '
+           '"annotations": []}]}; got ')
+
+
+def _construct(original: Any) -> Any:
+    @functools.wraps(original)
+    def construct(item: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(item).__name__ == "ResponseOutputMessage":
+            content = getattr(item, "content", None) or []
+            if not content:
+                raise ValueError(MESSAGE + "no content")
+            if not isinstance(getattr(content[0], "text", None), str):
+                raise ValueError(MESSAGE + f"a `{getattr(content[0], 'type', type(content[0]).__name__)}` part first")
+        return original(item, *args, **kwargs)
+
+    return construct
+
+
+def check(_: Any) -> str | None:
+    found = source_of(*UTILS)
+    if found is None:
+        return "vLLM has no Responses API utils module here"
+    path, source = found
+    body = re.search(rf"def {FUNCTION}\(.*?\n(?=def |\Z)", source, re.S)
+    if body is None:
+        return f"vLLM's {path} has no {FUNCTION}"
+    if "item.content[0].text" not in body.group(0):
+        return f"vLLM's {path} {FUNCTION} does not read item.content[0].text"
+    return None
+
+
+def apply(_: Any) -> None:
+    path, _source = source_of(*UTILS)
+    when_imported(module_name(path), lambda module: wrap_once(module, FUNCTION, _construct))
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="an assistant message in /v1/responses input with no content or a refusal part first: 400, "
+    "not a 500 (IndexError / AttributeError)",
+    upstream="vllm/entrypoints/openai/responses/utils.py _construct_message_from_response_item reads "
+    "item.content[0].text unchecked (0.32)",
+    check=check,
+    apply=apply,
+)
