@@ -88,20 +88,22 @@ def test_request_type_400_bug_without_and_fix_with_the_plugin():
 
 
 CONTENT_PART = textwrap.dedent("""
-    import json
+    import json, types
     from openai.types.responses import ResponseInputFile, ResponseInputText
     from vllm.plugins import load_general_plugins
     load_general_plugins()
     from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
     from vllm.renderers import chat_utils
 
+    # what the text path reads from the parser (no media here)
+    parser = types.SimpleNamespace(model_config=types.SimpleNamespace(enable_prompt_embeds=False))
     out = {}
     for name, part in (("text", ResponseInputText(type="input_text", text="x")),
                        ("file", ResponseInputFile(type="input_file")), ("number", 7),
                        ("dict", {"type": "input_text", "text": "x"}), ("file_dict", {"type": "input_file"})):
         try:
-            kind, content = chat_utils._parse_chat_message_content_mm_part(part)
-            out[name] = ["ok", kind, str(content)]
+            out[name] = ["ok", chat_utils._parse_chat_message_content_part(
+                part, parser, wrap_dicts=False, interleave_strings=False)]
         except Exception as error:
             out[name] = [type(error).__name__, str(error)[:200], create_error_response(error).error.code]
     print("RESULT " + json.dumps(out))
@@ -111,10 +113,10 @@ CONTENT_PART = textwrap.dedent("""
 def test_content_part_400_bug_without_and_fix_with_the_plugin():
     fixed, bug = run_python(CONTENT_PART), run_python(CONTENT_PART, PLUGIN_OFF)
     assert bug["text"][0] == bug["file"][0] == "AssertionError" and bug["file"][2] == 500  # the bug
-    assert fixed["text"] == fixed["dict"] == bug["dict"] == ["ok", "input_text", "x"]
+    assert fixed["text"] == fixed["dict"] == bug["dict"] == ["ok", "x"]
+    # parsed like the dict it was sent as: vLLM's own 400 for a part type it does not support
     assert fixed["file"] == fixed["file_dict"] == bug["file_dict"]
-    # parsed like the dict it was sent as (the caller then refuses input_file with its usual 400)
-    assert fixed["file"][:2] == ["ok", "input_file"] and bug["file"][0] == "AssertionError"
+    assert fixed["file"][0::2] == ["VLLMValidationError", 400] and "Unsupported chat content part type" in fixed["file"][1]
     assert fixed["number"][0::2] == ["ValueError", 400] and "must be a string or a JSON object" in fixed["number"][1]
 
 

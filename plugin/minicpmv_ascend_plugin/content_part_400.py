@@ -8,8 +8,8 @@ Bug (vLLM 0.32, found by `make fuzz`): /v1/responses validates an input item suc
 `assert isinstance(part, dict)` (a note says it is there for mypy): the AssertionError is
 answered **500** with an empty message. No upstream fix in 0.32 / 0.33.
 
-Fix: `_parse_chat_message_content_mm_part` is wrapped: a part that is a pydantic object is
-turned into the dict it was sent as (`model_dump(exclude_none=True)`), which vLLM then parses like
+Fix: its caller `_parse_chat_message_content_part` (which reads `part.get("uuid")` too) is
+wrapped: a part that is a pydantic object is turned into the dict it was sent as (`model_dump(exclude_none=True)`), which vLLM then parses like
 any other part (an `input_file`, which vLLM does not support, is its usual 400 "Unsupported chat
 content part type"); any other non-dict part is a ValueError (400) that says what a part must be.
 
@@ -30,34 +30,22 @@ from ._import_hook import when_imported
 
 NAME = "content-part-400"
 CHAT_UTILS = ("renderers/chat_utils.py", "entrypoints/chat_utils.py")  # 0.32, 0.23
-FUNCTION = "_parse_chat_message_content_mm_part"
+FUNCTION = "_parse_chat_message_content_mm_part"  # asserts that the part is a dict
+CALLER = "_parse_chat_message_content_part"  # wrapped: the parts reach FUNCTION through it
 
 
 def _parse(original: Any) -> Any:
     @functools.wraps(original)
-    def parse(part: Any) -> Any:
-        if not isinstance(part, dict):
+    def parse(part: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(part, (dict, str)):
             if hasattr(part, "model_dump"):
                 part = part.model_dump(exclude_none=True)
             else:
                 raise ValueError(f"a message content part must be a string or a JSON object with a `type`, "
                                  f"got {type(part).__name__}")
-        return original(part)
+        return original(part, *args, **kwargs)
 
     return parse
-
-
-def probe(module: Any) -> BaseException | None:
-    """What vLLM's own function raises for a pydantic content part (None: nothing)."""
-    from openai.types.responses import ResponseInputText
-
-    function = getattr(module, FUNCTION)
-    function = getattr(function, "_minicpmv_ascend_plugin_wraps", function)  # vLLM's, not ours
-    try:
-        function(ResponseInputText(type="input_text", text="x"))
-    except Exception as error:  # noqa: BLE001 - the exception type is what is probed
-        return error
-    return None
 
 
 def check(_: Any) -> str | None:
@@ -75,7 +63,7 @@ def check(_: Any) -> str | None:
 
 def apply(_: Any) -> None:
     path, _source = source_of(*CHAT_UTILS)
-    when_imported(module_name(path), lambda module: wrap_once(module, FUNCTION, _parse))
+    when_imported(module_name(path), lambda module: wrap_once(module, CALLER, _parse))
 
 
 PATCH = Patch(

@@ -400,12 +400,18 @@ def failures_of(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def culprit(run: dict[str, Any]) -> dict[str, Any] | None:
-    """The request after which the engine was dead: the first 5xx or unanswered one of the route."""
-    for sent in run["requests"]:
-        if sent["status"] is None or sent["status"] >= 500:
-            return {"route": run["route"], "status": sent["status"], "answer": sent["answer"][:300],
-                    "curl": curl_of(sent["request"]) if sent["request"] else None}
-    return None
+    """The request after which the engine was dead: the one vLLM answered "EngineCore encountered an
+    issue" (its answer to the requests in flight when the engine died), else the last one answered
+    before the server stopped answering, else the route's last 5xx."""
+    sent = run["requests"]
+    dying = [r for r in sent if "EngineCore" in (r["answer"] or "")]
+    unanswered = next((i for i, r in enumerate(sent) if r["status"] is None and r["request"]), None)
+    last_5xx = [r for r in sent if (r["status"] or 0) >= 500]
+    pick = (dying[:1] or ([sent[unanswered - 1]] if unanswered else []) or last_5xx[-1:] or [None])[0]
+    if pick is None:
+        return None
+    return {"route": run["route"], "status": pick["status"], "answer": pick["answer"][:300],
+            "curl": curl_of(pick["request"]) if pick["request"] else None}
 
 
 def smoke(base_url: str, model: str | None) -> dict[str, Any]:
