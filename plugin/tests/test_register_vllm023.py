@@ -11,7 +11,8 @@ import pytest
 import reasoning_harness
 from _vllm023 import run_python
 
-SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400"]
+SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "request-type-400",
+                  "content-part-400", "responses-input-400"]
 
 PROBE = textwrap.dedent("""
     import json, sys, time
@@ -64,7 +65,8 @@ def test_loaded_by_vllm_applies_every_backport_once():
     lines = [l for l in log.splitlines() if "minicpmv_ascend_plugin" in l]
     assert len(lines) == 2, lines  # one at registration, one when the model module is imported
     assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
-           "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400; " \
+           "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400, request-type-400, " \
+           "content-part-400, responses-input-400; " \
            "skipped: rotary-mrope (platform unspecified is not Ascend)" in lines[0]
     assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
 
