@@ -25,7 +25,7 @@ import reasoning_harness  # noqa: E402
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "request-type-400",
-                  "content-part-400", "responses-input-400")  # vLLM 0.32 needs them too
+                  "content-part-400", "responses-assistant-content")  # vLLM 0.32 needs them too
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "

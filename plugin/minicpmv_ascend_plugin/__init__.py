@@ -35,7 +35,7 @@ from . import (
     processor_version,
     reasoning,
     request_type_400,
-    responses_input_400,
+    responses_assistant_content,
     rotary_mrope,
     shutdown_cut_requests,
     transformers_check,
@@ -62,7 +62,7 @@ PATCHES: tuple[Patch, ...] = (
     file_url_400.PATCH,
     request_type_400.PATCH,
     content_part_400.PATCH,
-    responses_input_400.PATCH,
+    responses_assistant_content.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

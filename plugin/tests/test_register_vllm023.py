@@ -12,7 +12,7 @@ import reasoning_harness
 from _vllm023 import run_python
 
 SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "request-type-400",
-                  "content-part-400", "responses-input-400"]
+                  "content-part-400", "responses-assistant-content"]
 
 PROBE = textwrap.dedent("""
     import json, sys, time
@@ -66,7 +66,7 @@ def test_loaded_by_vllm_applies_every_backport_once():
     assert len(lines) == 2, lines  # one at registration, one when the model module is imported
     assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
            "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400, request-type-400, " \
-           "content-part-400, responses-input-400; " \
+           "content-part-400, responses-assistant-content; " \
            "skipped: rotary-mrope (platform unspecified is not Ascend)" in lines[0]
     assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
 

@@ -1,4 +1,4 @@
-"""An assistant message in a /v1/responses `input` with no text part first is a 400, not a 500.
+"""An assistant message in a /v1/responses `input` with empty content or a refusal is served, not a 500.
 
 Bug (vLLM 0.32, found by `make fuzz`): `entrypoints/openai/responses/utils.py::
 _construct_message_from_response_item` turns an earlier assistant turn
@@ -6,10 +6,13 @@ _construct_message_from_response_item` turns an earlier assistant turn
 into a chat message with `item.content[0].text`. With `"content": []` that is an IndexError
 ("list index out of range"), and with a refusal part first (`{"type": "refusal", "refusal":
 "..."}`, which the OpenAI API allows there) an AttributeError ("'ResponseOutputRefusal' object has
-no attribute 'text'"): both are answered **500**. No upstream fix in 0.32 / 0.33.
+no attribute 'text'"): both are answered **500**. Both shapes are valid in the OpenAI schema, and
+clients send them (Codex replays an assistant turn with empty content before a tool call).
+Upstream: vllm-project/vllm PRs #48237 and #49130 (open; not in 0.32 / 0.33).
 
-Fix: the function is wrapped: such an item is refused with a ValueError (400) that says what an
-assistant message in `input` must look like. Every other item goes to vLLM unchanged.
+Fix: the function is wrapped: such an item is handed to vLLM with one `output_text` part whose text
+is the refusal's text, or "" for empty content, which is what #49130 does. Every other item goes
+to vLLM unchanged.
 
 Applies when: vLLM's function reads `item.content[0].text` for a ResponseOutputMessage without
 checking that the content has a text part (read from vLLM's source, without importing it). Only
@@ -26,23 +29,28 @@ from typing import Any
 from ._base import AT_REGISTER, Patch, module_name, source_of, wrap_once
 from ._import_hook import when_imported
 
-NAME = "responses-input-400"
+NAME = "responses-assistant-content"
 UTILS = ("entrypoints/openai/responses/utils.py",)  # 0.32 (0.23 has no such function: see check)
 FUNCTION = "_construct_message_from_response_item"
-MESSAGE = ("an assistant message in `input` must have an `output_text` part first, e.g. "
-           '{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "...", '
-           '"annotations": []}]}; got ')
+
+
+def text_item(item: Any) -> Any:
+    """`item` with one output_text part: the first part's text, else its refusal, else ""."""
+    from openai.types.responses import ResponseOutputText
+
+    content = list(getattr(item, "content", None) or [])
+    first = content[0] if content else None
+    if isinstance(getattr(first, "text", None), str):
+        return item
+    text = getattr(first, "refusal", None) or ""
+    return item.model_copy(update={"content": [ResponseOutputText(type="output_text", text=text, annotations=[])]})
 
 
 def _construct(original: Any) -> Any:
     @functools.wraps(original)
     def construct(item: Any, *args: Any, **kwargs: Any) -> Any:
         if type(item).__name__ == "ResponseOutputMessage":
-            content = getattr(item, "content", None) or []
-            if not content:
-                raise ValueError(MESSAGE + "no content")
-            if not isinstance(getattr(content[0], "text", None), str):
-                raise ValueError(MESSAGE + f"a `{getattr(content[0], 'type', type(content[0]).__name__)}` part first")
+            item = text_item(item)
         return original(item, *args, **kwargs)
 
     return construct
@@ -69,8 +77,8 @@ def apply(_: Any) -> None:
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
-    summary="an assistant message in /v1/responses input with no content or a refusal part first: 400, "
-    "not a 500 (IndexError / AttributeError)",
+    summary="an assistant message in /v1/responses input with empty content or a refusal first is served "
+    "(its text: the refusal, or empty), not a 500 (IndexError / AttributeError)",
     upstream="vllm/entrypoints/openai/responses/utils.py _construct_message_from_response_item reads "
     "item.content[0].text unchecked (0.32)",
     check=check,
