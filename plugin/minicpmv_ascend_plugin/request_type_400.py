@@ -6,7 +6,8 @@ Bug (vLLM 0.32, found by `make fuzz`): the request models' `check_structured_out
 well-formed JSON body with `"structured_outputs": []` (or a string, a number) raises
 `AttributeError` inside pydantic, which is not a `ValidationError`, so FastAPI does not turn it
 into a 400: vLLM answers **500** "'list' object has no attribute 'get'" on /v1/completions,
-/v1/chat/completions and /v1/chat/completions/batch. No upstream fix in 0.32 / 0.33.
+/v1/chat/completions and /v1/chat/completions/batch. Upstream: vllm-project/vllm PR #44537 (open;
+not in 0.32 / 0.33).
 
 Fix: FastAPI's `ModelField.validate` (what validates every request body against its model) is
 wrapped: an `AttributeError`, `TypeError` or `KeyError` out of the model's validators becomes a
