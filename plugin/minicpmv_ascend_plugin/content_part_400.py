@@ -25,7 +25,7 @@ import functools
 import re
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, module_name, source_of, wrap_once
+from ._base import AT_REGISTER, Patch, function_source, module_name, source_of, wrap_once
 from ._import_hook import when_imported
 
 NAME = "content-part-400"
@@ -49,14 +49,11 @@ def _parse(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*CHAT_UTILS)
-    if found is None:
-        return "vLLM has no chat_utils module here"
-    path, source = found
-    body = re.search(rf"def {FUNCTION}\(.*?\n(?=def |\Z)", source, re.S)
-    if body is None:
-        return f"vLLM's {path} has no {FUNCTION}"
-    if not re.search(r"assert isinstance\(\s*part,\s*dict\s*\)", body.group(0)):
+    found = function_source(FUNCTION, *CHAT_UTILS)
+    if isinstance(found, str):
+        return found
+    path, body = found
+    if not re.search(r"assert isinstance\(\s*part,\s*dict\s*\)", body):
         return f"vLLM's {path} {FUNCTION} does not assert that the part is a dict"
     return None
 

@@ -28,7 +28,7 @@ import functools
 import re
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, source_of, wrap_once
+from ._base import AT_REGISTER, Patch, function_source, wrap_once
 from ._import_hook import when_imported
 
 NAME = "request-type-400"
@@ -67,16 +67,13 @@ def _validate(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*PROTOCOL_FILES)
-    if found is None:
-        return "vLLM has no completion protocol module here"
-    path, source = found
-    body = re.search(r"def check_structured_outputs_count\(.*?\n(?=    @|    def |\Z)", source, re.S)
-    if body is None:
-        return f"vLLM's {path} has no check_structured_outputs_count"
-    if ".get(" not in body.group(0):
+    found = function_source("check_structured_outputs_count", *PROTOCOL_FILES)
+    if isinstance(found, str):
+        return found
+    path, body = found
+    if ".get(" not in body:
         return f"vLLM's {path} check_structured_outputs_count does not call .get()"
-    if re.search(r"isinstance\(\s*structured_outputs\w*\s*,\s*dict", body.group(0)):
+    if re.search(r"isinstance\(\s*structured_outputs\w*\s*,\s*dict", body):
         return f"vLLM's {path} checks that structured_outputs is a dict"
     return None
 

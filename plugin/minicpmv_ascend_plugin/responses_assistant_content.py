@@ -23,10 +23,9 @@ Delete when: vLLM checks the content there (or joins the text and refusal parts)
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, module_name, source_of, wrap_once
+from ._base import AT_REGISTER, Patch, function_source, module_name, source_of, wrap_once
 from ._import_hook import when_imported
 
 NAME = "responses-assistant-content"
@@ -57,14 +56,11 @@ def _construct(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*UTILS)
-    if found is None:
-        return "vLLM has no Responses API utils module here"
-    path, source = found
-    body = re.search(rf"def {FUNCTION}\(.*?\n(?=def |\Z)", source, re.S)
-    if body is None:
-        return f"vLLM's {path} has no {FUNCTION}"
-    if "item.content[0].text" not in body.group(0):
+    found = function_source(FUNCTION, *UTILS)
+    if isinstance(found, str):
+        return found
+    path, body = found
+    if "item.content[0].text" not in body:
         return f"vLLM's {path} {FUNCTION} does not read item.content[0].text"
     return None
 
