@@ -58,6 +58,7 @@ def test_routes_of_a_schema():
         ("GET /health", "health", False), ("POST /v1/completions", "completions", True)]
     shares = fuzz.time_shares(routes, 7)
     assert shares == {"GET /health": 60.0, "POST /v1/completions": 360.0}
+    assert fuzz.time_shares(routes, 0.1)["GET /health"] == fuzz.MIN_ROUTE_S
 
 
 def test_schemathesis_config_is_bounded_and_keeps_the_key_out():
