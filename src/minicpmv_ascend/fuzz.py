@@ -534,7 +534,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", f"## {title}", ""]
             for item in items:
                 lines.append(f"- `{item['route']}` {item.get('check', 'engine died')} (status {item.get('status')}, "
-                             f"x{item.get('count', 1)}): {item.get('known') or item.get('message') or item.get('answer') or ''}")
+                             f"x{item.get('count', 1)}): {item.get('known') or item.get('message') or ''}"
+                             + (f"; answer: `{item['answer'][:200]}`" if item.get("answer") and not item.get("known") else ""))
                 if item.get("curl"):
                     lines += ["", "  ```", f"  {item['curl']}", "  ```"]
     return "\n".join(lines) + "\n"
