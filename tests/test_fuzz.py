@@ -53,12 +53,15 @@ def test_routes_of_a_schema():
         "/v1/completions": {"post": {"operationId": "completions", "requestBody": {"content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}}}}}},
         "components": {"schemas": {"CompletionRequest": {"properties": {"prompt": {}, "n": {}}}}}}
+    schema["paths"]["/tokenize"] = {"post": {"operationId": "tokenize", "requestBody": {"content": {
+        "application/json": {"schema": {"properties": {"text": {}}}}}}}}
     routes = fuzz.routes_of(schema)
-    assert [(r.label, r.operation_id, r.engine) for r in routes] == [
-        ("GET /health", "health", False), ("POST /v1/completions", "completions", True)]
-    shares = fuzz.time_shares(routes, 7)
-    assert shares == {"GET /health": 60.0, "POST /v1/completions": 360.0}
-    assert fuzz.time_shares(routes, 0.1)["GET /health"] == fuzz.MIN_ROUTE_S
+    assert [(r.label, r.operation_id, r.engine, r.inputs) for r in routes] == [
+        ("GET /health", "health", False, False), ("POST /v1/completions", "completions", True, True),
+        ("POST /tokenize", "tokenize", False, True)]
+    # 6 shares for the engine route, 1 for the other with inputs, none for a route without inputs
+    assert fuzz.time_shares(routes, 7) == {"GET /health": None, "POST /v1/completions": 360.0, "POST /tokenize": 60.0}
+    assert fuzz.time_shares(routes, 0.1)["POST /tokenize"] == fuzz.MIN_ROUTE_S
 
 
 def test_schemathesis_config_is_bounded_and_keeps_the_key_out():
@@ -69,6 +72,8 @@ def test_schemathesis_config_is_bounded_and_keeps_the_key_out():
     long = fuzz.st_config(fuzz.PROFILES["long"], seed=7, seconds=90.5, api_key=False)
     assert "max-time = 90" in long and "continue-on-failure = true" in long and "Authorization" not in long
     assert "[phases.coverage]" in long and "max-examples" not in long
+    no_inputs = fuzz.st_config(fuzz.PROFILES["long"], seed=7, seconds=None, api_key=False)
+    assert "max-time" not in no_inputs and f"max-examples = {fuzz.SLICE_EXAMPLES}" in no_inputs
 
 
 def test_curl_reproduces_the_request_without_the_key():

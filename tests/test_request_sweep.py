@@ -216,7 +216,11 @@ def sweeps() -> list[Sweep]:
     ]
     for kwargs, name in (({"downsample_mode": "4x"}, "4x"), ({"downsample_mode": "16x"}, "16x"),
                          ({"max_slice_nums": 1}, "slices_1"), ({"max_slice_nums": 9}, "slices_9"),
-                         ({"downsample_mode": "4x", "max_slice_nums": 9}, "4x_slices_9")):
+                         ({"downsample_mode": "4x", "max_slice_nums": 9}, "4x_slices_9"),
+                         # past the bounds: vLLM 0.32 does not check them and serves the request
+                         ({"max_slice_nums": 0}, "slices_0"), ({"max_slice_nums": -1}, "slices_negative"),
+                         ({"max_slice_nums": 100}, "slices_100"), ({"downsample_mode": "8x"}, "8x"),
+                         ({"images_kwargs": {"max_slice_nums": 2}}, "scoped_slices_2")):
         cases.append(Sweep(f"mm_kwargs_{name}", "/v1/chat/completions",
                            lambda c, k=kwargs: c.chat(images((1084, 820), (1, 2000)), mm_processor_kwargs=k),
                            mm_kwargs_status, "--trust-request-mm-kwargs"))

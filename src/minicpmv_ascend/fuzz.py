@@ -18,7 +18,8 @@ Both profiles run schemathesis's phases examples, coverage (deterministic bounda
 smallest valid prompt, the largest number, each optional field alone) and fuzzing (random valid
 and invalid requests from the seed), one route at a time; each route gets a share of the time
 budget (routes that run the engine GENERATION_WEIGHT shares, the others 1), which schemathesis
-spreads over the phases; fuzzing repeats until the share is spent. `slice` (what `make test`
+spreads over the phases; fuzzing repeats until the share is spent. Routes without parameters or a
+body (GET /health, /metrics, ...) get no share: SLICE_EXAMPLES requests say all there is. `slice` (what `make test`
 runs, tests/test_fuzz.py): SLICE_MINUTES, SLICE_EXAMPLES requests per route and fuzzing cycle, a
 route stops at its first failure. `long` (`make fuzz`): --minutes (default 20), continues after
 failures. Without --url the fuzzer starts its own server (entrypoint.py with this environment's
@@ -69,7 +70,7 @@ RESPONSE_BOUND_S = 30.0
 REQUEST_TIMEOUT_S = 2 * RESPONSE_BOUND_S  # a request that takes longer is reported as a timeout
 ROUTE_GRACE_S = 300  # one route's `st run` is killed (and reported) this long after its time share
 SLICE_EXAMPLES = 25  # per route and fuzzing cycle in the slice profile
-SLICE_MINUTES = 2.5  # the slice's budget (+ ~2 s per route for starting schemathesis)
+SLICE_MINUTES = 2.0  # the slice's budget (+ ~2 s per route for starting schemathesis)
 GENERATION_WEIGHT = 6  # time shares of a route that runs the engine (vs 1 for the others)
 MIN_ROUTE_S = 8.0  # schemathesis counts its own start (loading the 300 KB schema: 1-5 s here) against max-time
 DEFAULT_SEED = 20261201
@@ -128,7 +129,8 @@ class Route:
     method: str
     path: str
     operation_id: str  # how `st run` selects exactly this operation
-    engine: bool  # runs the engine (gets GENERATION_WEIGHT time shares)
+    engine: bool
+    inputs: bool = True  # has parameters or a body; without, a few requests say all (no time share)  # runs the engine (gets GENERATION_WEIGHT time shares)
 
     @property
     def label(self) -> str:
@@ -167,7 +169,8 @@ def routes_of(schema: dict[str, Any]) -> list[Route]:
         for method, operation in methods.items():
             if method.lower() in ("get", "post", "put", "patch", "delete"):
                 engine = bool(body_keys(operation) & ENGINE_KEYS) or path == "/invocations"
-                routes.append(Route(method.upper(), path, operation.get("operationId", ""), engine))
+                inputs = bool(operation.get("parameters") or operation.get("requestBody")) or path == "/invocations"
+                routes.append(Route(method.upper(), path, operation.get("operationId", ""), engine, inputs))
     return routes
 
 
@@ -229,14 +232,16 @@ class OwnServer:
 # --------------------------------------------------------------------------------------------
 
 
-def st_config(profile: Profile, seed: int, seconds: float, api_key: bool) -> str:
+def st_config(profile: Profile, seed: int, seconds: float | None, api_key: bool) -> str:
     """schemathesis.toml for one route's run (TOML: the top-level keys before the first table)."""
     top = [f"seed = {seed}", f"request-timeout = {REQUEST_TIMEOUT_S}",
            "max-stream-events = 10000",  # read streams to their end (output is capped): no_error_event
-           "workers = 1", 'suppress-health-check = ["all"]', "color = false", f"max-time = {max(1, round(seconds))}"]
+           "workers = 1", 'suppress-health-check = ["all"]', "color = false"]
+    if seconds is not None:
+        top.append(f"max-time = {max(1, round(seconds))}")
     tables = ["[generation]", 'mode = "all"', 'database = "none"']
-    if profile.max_examples is not None:
-        tables.append(f"max-examples = {profile.max_examples}")
+    if profile.max_examples is not None or seconds is None:
+        tables.append(f"max-examples = {profile.max_examples or SLICE_EXAMPLES}")
     tables += ["[cache]", "enabled = false", "[checks]", "enabled = false", f"max_response_time = {RESPONSE_BOUND_S}"]
     for check in CHECKS:
         if check != "max_response_time":  # a number above enables it
@@ -319,7 +324,7 @@ def _failure_message(check: dict[str, Any]) -> str:
     return " ".join(str(failure.get(k) or "") for k in ("title", "message")).strip()[:300]
 
 
-def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds: float,
+def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds: float | None,
               out: pathlib.Path, st: pathlib.Path, api_key: str | None) -> dict[str, Any]:
     """One `st run` for one route; its requests and what the run itself said."""
     out.mkdir(parents=True, exist_ok=True)
@@ -333,7 +338,7 @@ def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds:
                               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
-    timeout = seconds + ROUTE_GRACE_S
+    timeout = (seconds or 0) + ROUTE_GRACE_S
     started = time.monotonic()
     timed_out = False
     with (out / "console.txt").open("w") as console:
@@ -427,10 +432,11 @@ def smoke(base_url: str, model: str | None) -> dict[str, Any]:
             "error": done.stderr.strip()[-500:] if done.returncode else ""}
 
 
-def time_shares(routes: Sequence[Route], minutes: float) -> dict[str, float]:
-    weights = {r.label: GENERATION_WEIGHT if r.engine else 1 for r in routes}
+def time_shares(routes: Sequence[Route], minutes: float) -> dict[str, float | None]:
+    """Seconds per route; None for a route without inputs (bounded by its request count only)."""
+    weights = {r.label: GENERATION_WEIGHT if r.engine else 1 for r in routes if r.inputs}
     total = sum(weights.values())
-    return {label: max(MIN_ROUTE_S, minutes * 60 * w / total) for label, w in weights.items()}
+    return {r.label: max(MIN_ROUTE_S, minutes * 60 * weights[r.label] / total) if r.inputs else None for r in routes}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,6 +31,9 @@ bounded run can afford:
    responses (vLLM's default there is "the rest of max_model_len", ~8,000 tokens, ~20 s each on
    this CPU) becomes OUTPUT_CAP. Unbounded, one generated `n: 16000` request alone runs for
    minutes.
+4. `POST /invocations` (the SageMaker-style route, which serves a chat or a completion depending on
+   the body) is published without a request body, so schemathesis could only send it empty
+   bodies (always 400); it gets the chat and completion request schemas.
 Everything else (types, ranges, unknown fields, streaming, templates, ...) is generated as the
 schema allows, in both schemathesis modes (valid and invalid per the schema).
 
@@ -62,6 +65,7 @@ DEFAULT_TO_CAP = {
     "/invocations": "max_tokens",
 }
 REQUIRED = {"CompletionRequest": "prompt"}
+INVOCATIONS_BODIES = ("ChatCompletionRequest", "CompletionRequest")  # what /invocations dispatches on
 NON_EMPTY = frozenset({"prompt", "allowed_token_ids"})  # and every string/array inside them
 NON_EMPTY_LIST = frozenset({"messages", "tools"})  # the list itself (its items stay as published)
 TOKEN_ID_MAX = 511  # a valid id in every vocabulary of this model family (the tiny one has 731)
@@ -119,8 +123,12 @@ def _non_empty(node: Any) -> None:
 
 
 def tighten(raw_schema: dict[str, Any]) -> None:
-    """The schema changes 1 and 2 of the module docstring, in place."""
+    """The schema changes 1, 2 and 4 of the module docstring, in place."""
     schemas = raw_schema.get("components", {}).get("schemas", {})
+    invocations = raw_schema.get("paths", {}).get("/invocations", {}).get("post")
+    if invocations is not None and "requestBody" not in invocations:
+        options = [{"$ref": f"#/components/schemas/{name}"} for name in INVOCATIONS_BODIES if name in schemas]
+        invocations["requestBody"] = {"required": True, "content": {"application/json": {"schema": {"anyOf": options}}}}
     for name, field in REQUIRED.items():
         schema = schemas.get(name)
         if schema is not None and field in schema.get("properties", {}):
