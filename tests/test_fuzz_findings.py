@@ -29,6 +29,9 @@ FINDINGS = {
     "structured_outputs_string_chat": ("/v1/chat/completions",
                                        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                                         "structured_outputs": "x"}, "`structured_outputs` must be a JSON object"),
+    "structured_outputs_list_invocations": ("/invocations",
+                                            {"prompt": "Hello", "max_tokens": 2, "structured_outputs": []},
+                                            "Cannot find suitable handler for request"),
     "responses_output_item_part": ("/v1/responses",
                                    {"input": [{"id": "", "type": "function_call_output", "status": "completed",
                                                "output": [{"type": "input_file", "detail": None}]}],
@@ -86,6 +89,32 @@ def test_request_type_400_bug_without_and_fix_with_the_plugin():
         status, text = fixed[name]
         assert status == 400 and "`structured_outputs` must be a JSON object" in text, fixed[name]
     assert fixed["object"] == bug["object"] == [200, '{"ok":true}']  # a valid body is untouched
+
+
+INVOCATIONS = textwrap.dedent("""
+    import json
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.serve.sagemaker import api_router  # /invocations builds its TypeAdapters from it
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    adapter = api_router.pydantic.TypeAdapter(CompletionRequest)
+    out = {}
+    for name, body in (("list", {"prompt": "x", "structured_outputs": []}), ("ok", {"prompt": "x"})):
+        try:
+            out[name] = ["ok", adapter.validate_python(body).prompt]
+        except Exception as error:
+            out[name] = [type(error).__name__, str(error)[:300]]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_request_type_400_covers_invocations():
+    """/invocations catches only ValidationError from its TypeAdapters: the bug is a 500 there too."""
+    fixed, bug = run_python(INVOCATIONS), run_python(INVOCATIONS, PLUGIN_OFF)
+    assert bug["list"][0] == "AttributeError"  # escapes /invocations' `except pydantic.ValidationError`
+    assert fixed["list"][0] == "ValidationError" and "`structured_outputs` must be a JSON object" in fixed["list"][1]
+    assert fixed["ok"] == bug["ok"] == ["ok", "x"]
 
 
 CONTENT_PART = textwrap.dedent("""

@@ -11,7 +11,11 @@ not in 0.32 / 0.33).
 
 Fix: FastAPI's `ModelField.validate` (what validates every request body against its model) is
 wrapped: an `AttributeError`, `TypeError` or `KeyError` out of the model's validators becomes a
-validation error, which vLLM answers as 400 like every other one. The message names the field
+validation error, which vLLM answers as 400 like every other one. `POST /invocations` (vLLM 0.32's
+SageMaker route) validates the body itself, trying one `pydantic.TypeAdapter` per request type and
+catching only `ValidationError`: its adapters are built from a TypeAdapter whose `validate_python`
+turns the same three errors into a `ValidationError`, so the route tries the next type and answers
+its own 400 "Cannot find suitable handler for request" instead of a 500. The message names the field
 when it is one of the known cases (`structured_outputs` must be a JSON object such as
 {"regex": "..."}), else it says which body field types to check. Bodies that validate, and
 every other error, are untouched.
@@ -35,6 +39,7 @@ NAME = "request-type-400"
 PROTOCOL_FILES = ("entrypoints/openai/completion/protocol.py", "entrypoints/openai/protocol.py")  # 0.32, 0.23
 # FastAPI's request-body field, by FastAPI version (>= 0.119 has the pydantic-v2 module).
 FASTAPI_MODULES = ("fastapi._compat.v2", "fastapi._compat")
+INVOCATIONS_ROUTER = "vllm.entrypoints.serve.sagemaker.api_router"  # 0.32
 OBJECT_FIELDS = {
     "structured_outputs": 'a JSON object with one constraint, e.g. {"regex": "[0-9]+"}, {"choice": ["a", "b"]} '
                           'or {"json": {...}}',
@@ -66,6 +71,35 @@ def _validate(original: Any) -> Any:
     return validate
 
 
+def _guarded_adapter() -> type:
+    import pydantic
+    import pydantic_core
+
+    class GuardedTypeAdapter(pydantic.TypeAdapter):  # type: ignore[misc]
+        def validate_python(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().validate_python(body, *args, **kwargs)
+            except (AttributeError, TypeError, KeyError) as error:
+                where, text = message(body, error)
+                raise pydantic_core.ValidationError.from_exception_data(
+                    "request", [{"type": "value_error", "loc": where, "input": None,
+                                 "ctx": {"error": ValueError(text)}}]) from error
+
+    return GuardedTypeAdapter
+
+
+def _guard_invocations(module: Any) -> None:
+    """Give vLLM's /invocations router a `pydantic` whose TypeAdapter is the guarded one."""
+    import pydantic
+
+    real = getattr(module, "pydantic", None)
+    if real is not pydantic:  # not vLLM 0.32's layout, or already done
+        return
+    namespace = type("pydantic_for_invocations", (), {"__getattr__": staticmethod(lambda name: getattr(pydantic, name)),
+                                                      "TypeAdapter": _guarded_adapter()})
+    module.pydantic = namespace()
+
+
 def check(_: Any) -> str | None:
     found = function_source("check_structured_outputs_count", *PROTOCOL_FILES)
     if isinstance(found, str):
@@ -81,6 +115,7 @@ def check(_: Any) -> str | None:
 def apply(_: Any) -> None:
     for module in FASTAPI_MODULES:
         when_imported(module, lambda m: hasattr(m, "ModelField") and wrap_once(m.ModelField, "validate", _validate))
+    when_imported(INVOCATIONS_ROUTER, _guard_invocations)
 
 
 PATCH = Patch(
