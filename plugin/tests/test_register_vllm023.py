@@ -12,7 +12,7 @@ import reasoning_harness
 from _vllm023 import run_python
 
 SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400", "uvicorn-signals",
-                  "shutdown-drain-503"]
+                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content"]
 CPU_ONLY = "gdn-one-token-prefill"  # between file-url-400 and image-bomb-400 in PATCHES
 
 PROBE = textwrap.dedent("""
