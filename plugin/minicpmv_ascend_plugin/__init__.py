@@ -30,8 +30,10 @@ from . import (
     file_url_400,
     gdn_state_dtype,
     image_size_order,
+    json_whitespace,
     max_slice_nums,
     processor_version,
+    public_media_urls,
     reasoning,
     rotary_mrope,
     shutdown_cut_requests,
@@ -57,6 +59,8 @@ PATCHES: tuple[Patch, ...] = (
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
     file_url_400.PATCH,
+    public_media_urls.PATCH,
+    json_whitespace.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 
