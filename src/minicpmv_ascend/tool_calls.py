@@ -11,8 +11,8 @@ would run the tool with missing arguments. vLLM (0.23 - 0.33) can hand out exact
   all) is reported as `finish_reason: "tool_calls"` with no `tool_calls`.
 
 `ToolCallGuard`, an ASGI middleware the launcher adds through vLLM's `--middleware` option while
-`enable_auto_tool_choice` is on, rewrites `/v1/chat/completions` answers to requests that declare
-`tools`:
+`enable_auto_tool_choice` is on, rewrites the answers to requests that declare `tools` (Chat
+Completions, and its SageMaker alias /invocations):
 - non-streaming: a call is removed when its arguments are not a JSON object holding every
   `required` parameter of its tool; a turn that reached the request's token limit (n=1) reports
   `"length"`, not `"tool_calls"`, and a turn left without calls never reports `"tool_calls"`.
@@ -21,6 +21,9 @@ would run the tool with missing arguments. vLLM (0.23 - 0.33) can hand out exact
 - streaming: in the chunk that ends a turn at max_tokens, argument fragments are dropped (the call
   the client assembled stays incomplete, it is not completed to `{}`); `"tool_calls"` without any
   streamed call becomes `"stop"`.
+- the Responses API (non-streaming): a `function_call` item whose arguments lack a required
+  parameter is removed (vLLM marks the cut response `status: "incomplete"`); streamed Responses
+  events pass unchanged.
 So a call cut before its required arguments is never handed out, and a cut turn says `"length"`:
 raise max_tokens (with thinking on, or bound the thinking with `thinking_token_budget`).
 
@@ -41,7 +44,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-GUARDED_PATHS = ("/v1/chat/completions",)
+# SageMaker's /invocations runs the same handlers; the Responses API carries calls as output items.
+GUARDED_PATHS = ("/v1/chat/completions", "/v1/responses", "/invocations")
 MIDDLEWARE = f"{__name__}.ToolCallGuard"
 
 
@@ -90,15 +94,18 @@ def has_tool_strict_level() -> bool:
 def _tools_by_name(request: dict[str, Any]) -> dict[str, dict[str, Any]]:
     tools = {}
     for tool in request.get("tools") or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function") if isinstance(tool.get("function"), dict) else tool  # Responses: flat
+        if isinstance(function.get("name"), str):
             tools[function["name"]] = function.get("parameters") or {}
     return tools
 
 
 def argument_problem(call: dict[str, Any], tools: dict[str, dict[str, Any]]) -> str | None:
-    """Why this call's arguments cannot be run (None: they can)."""
-    function = call.get("function") or {}
+    """Why this call's arguments cannot be run (None: they can). `call` is a Chat Completions
+    tool call or a Responses `function_call` item."""
+    function = call.get("function") or call
     try:
         arguments = json.loads(function.get("arguments") or "")
     except (TypeError, ValueError):
@@ -115,6 +122,16 @@ def _token_limit(request: dict[str, Any]) -> int | None:
         if isinstance(request.get(key), int):
             return request[key]
     return None
+
+
+def fix_response(response: dict[str, Any], request: dict[str, Any]) -> bool:
+    """The Responses API (non-streaming): function_call items whose arguments cannot be run are
+    removed (vLLM already reports a cut response as `status: "incomplete"`)."""
+    tools, output = _tools_by_name(request), response.get("output") or []
+    kept = [item for item in output
+            if not (isinstance(item, dict) and item.get("type") == "function_call" and argument_problem(item, tools))]
+    response["output"] = kept
+    return len(kept) != len(output)
 
 
 def fix_completion(response: dict[str, Any], request: dict[str, Any]) -> bool:
@@ -209,7 +226,9 @@ class _Responder:
         body = self.buffer
         try:
             response = json.loads(body)
-            if isinstance(response, dict) and fix_completion(response, self.request):
+            fix = {"chat.completion": fix_completion, "response": fix_response}.get(
+                response.get("object") if isinstance(response, dict) else None)
+            if fix is not None and fix(response, self.request):
                 body = json.dumps(response, ensure_ascii=False).encode()
         except ValueError:
             pass
@@ -225,6 +244,8 @@ class _Responder:
             chunk = json.loads(event[6:])
         except ValueError:
             return event
+        if not isinstance(chunk, dict) or chunk.get("object") != "chat.completion.chunk":
+            return event  # Responses API events pass unchanged (docs/applications.md)
         for choice in chunk.get("choices") or []:
             if (choice.get("delta") or {}).get("tool_calls"):
                 self.saw_call.add(choice.get("index", 0))
