@@ -24,7 +24,8 @@ sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared wit
 import reasoning_harness  # noqa: E402
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
-SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400")  # vLLM 0.32 needs them too
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "public-media-urls",
+                  "json-whitespace")  # vLLM 0.32 needs them too
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "

@@ -11,7 +11,10 @@ import pytest
 import reasoning_harness
 from _vllm023 import run_python
 
-SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400"]
+SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "public-media-urls"]
+# json-whitespace applies where vLLM runs grammars (the image has xgrammar); this venv holds vLLM's
+# Python code without xgrammar, so its predicate skips it here.
+XGRAMMAR_PATCH = "json-whitespace"
 
 PROBE = textwrap.dedent("""
     import json, sys, time
@@ -58,14 +61,16 @@ def test_loaded_by_vllm_applies_every_backport_once():
     assert all(out["pending"][name] == "pending" for name in backports)
     assert {k: v[0] for k, v in out["decisions"].items()} == {
         "reasoning-parser": "applied", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-        **{name: "applied" for name in backports + SERVER_PATCHES}}
+        **{name: "applied" for name in backports + SERVER_PATCHES}, XGRAMMAR_PATCH: "skipped"}
+    assert out["decisions"][XGRAMMAR_PATCH][1] == "xgrammar is not installed"
     assert "not Ascend" in out["decisions"]["rotary-mrope"][1]
     assert out["wrapped"] == 1 and out["minicpmv_parser"]
     lines = [l for l in log.splitlines() if "minicpmv_ascend_plugin" in l]
     assert len(lines) == 2, lines  # one at registration, one when the model module is imported
     assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
-           "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400; " \
-           "skipped: rotary-mrope (platform unspecified is not Ascend)" in lines[0]
+           "gdn-state-dtype, engine-death-exit, shutdown-cut-requests, file-url-400, public-media-urls; " \
+           "skipped: rotary-mrope (platform unspecified is not Ascend), json-whitespace (xgrammar is not " \
+           "installed)" in lines[0]
     assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
 
 
@@ -190,7 +195,8 @@ def test_ascend_check_script_on_vllm023():
     assert [line.split(" - ")[0] for line in lines[2:]] == [
         "patch reasoning-parser: applied", "patch gdn-state-dtype: applied", "patch rotary-mrope: skipped",
         "patch processor-version: applied", "patch image-size-order: applied", "patch vit-merger-flags: applied",
-        "patch max-slice-nums: applied", *[f"patch {name}: applied" for name in SERVER_PATCHES], "result: ok"]
+        "patch max-slice-nums: applied", *[f"patch {name}: applied" for name in SERVER_PATCHES],
+        f"patch {XGRAMMAR_PATCH}: skipped", "result: ok"]
 
 
 @pytest.mark.parametrize("plugin_env, expected", [
