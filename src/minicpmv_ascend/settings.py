@@ -306,7 +306,7 @@ SETTINGS: tuple[Setting, ...] = (
             "address. Host names (exact, as in the URL, e.g. `images.example.com,10.0.0.7`): only those "
             "(vLLM's allow-list; redirects not followed); `public,images.internal` adds listed private "
             "hosts to public mode. `*`: any host, internal ones included (vLLM's own default, not "
-            "recommended). docs/reliability.md#media-fetching.",
+            "recommended). docs/reliability.md, Media fetching.",
             emit="list", flag="--allowed-media-domains"),
     Setting("allowed_local_media_path", str, "",
             "Server directory whose files clients may send as file:// image URLs (absolute path "
