@@ -175,8 +175,10 @@ def check_structured(client, server):
     assert re.fullmatch(r"\d{3}-[a-z]{2}", regex.choices[0].message.content)
     choice = chat(client, server, WEATHER_Q, max_tokens=20, extra_body={**BUDGET, "structured_outputs": {"choice": ["red", "blue"]}})
     assert choice.choices[0].message.content in ("red", "blue")
-    obj = chat(client, server, WEATHER_Q, max_tokens=40, response_format={"type": "json_object"}, extra_body=OFF)
-    assert obj.choices[0].message.content.startswith("{")
+    for thinking in (OFF, BUDGET):  # random weights: the object's keys never end; it is an object
+        obj = chat(client, server, WEATHER_Q, max_tokens=40, response_format={"type": "json_object"},
+                   extra_body=thinking).choices[0].message
+        assert obj.content.startswith("{") and bool(reasoning_of(obj)) == (thinking is BUDGET)
 
 
 def check_image_data(client, server):
