@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023 parity bench
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 venv-vllm023 parity bench nginx
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -31,7 +31,7 @@ bench: venv
 
 # Two pytest runs: the plugin's backports against vLLM 0.23.0's own code (plugin/tests, in its own
 # venv, about 2 min), then everything else. Both always run; the target fails if either fails.
-test: venv lint-tools py312 venv-vllm023
+test: venv lint-tools py312 venv-vllm023 nginx
 	@status=0; \
 	$(V023PY) -m pytest plugin/tests $(PYTEST_ARGS_VLLM023) || status=$$?; \
 	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
@@ -85,6 +85,13 @@ $(LINT_STAMP): requirements/lint.txt
 	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
 	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
 	@touch $@
+
+# nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf in
+# front of real servers): Debian's package, the same configuration language as the image compose
+# pulls. A no-op where nginx is installed.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; }
 
 # Only the deployment tests (Dockerfiles, compose, env files, Kubernetes, scripts).
 test-deploy: venv lint-tools

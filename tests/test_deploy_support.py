@@ -30,9 +30,16 @@ K8S = REPO / "deploy" / "k8s"
 ENV_DIR = REPO / "env"
 APP_DIR = "/opt/minicpmv-ascend"  # where both images put the files orchestrators call by path
 TARGETS = ("a2", "a3")
-OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2"}  # overlay -> the env/ascend-<target>.env it mirrors
+# overlay -> the target (env/ascend-<target>.env, image variant) it deploys
+OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2", "cce-a3": "a3", "autoscaling": "a2"}
+# The Volcano component of each target (MindCluster clusters; CCE has its own device plugin).
+VOLCANO = {"a2": "volcano", "a3": "volcano-a3"}
+# Components combined per overlay ("+components"): all that go together. storage and model-hostpath
+# exclude each other (one patches the claim the other deletes): "+storage" renders the first.
 COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath", "node-arch")
-JOBS = ("smoke", "download-weights")
+STORAGE_COMPONENTS = ("storage", "node-arch")
+# The base's Job templates (suspended CronJobs: `kubectl create job --from=cronjob/<name>`).
+JOB_TEMPLATES = ("minicpmv-download-weights", "minicpmv-smoke")
 
 # Environment variables that the env files, compose and the Kubernetes server pods may set although
 # they are not settings of the entrypoint: well-known runtime variables, each with why it is there.
@@ -334,40 +341,64 @@ def run_tool(*cmd: str, input: str | None = None, timeout: float = 120) -> subpr
 
 
 def render_kustomization(directory: pathlib.Path) -> list[dict]:
-    result = run_tool(lint_tool("kubectl"), "kustomize", "--load-restrictor", "LoadRestrictionsNone",
-                      str(directory))
+    """`kubectl kustomize` with its default load restrictor, as `kubectl apply -k` runs it: every
+    file a kustomization names must lie in or below its directory (other kustomizations may be
+    anywhere)."""
+    result = run_tool(lint_tool("kubectl"), "kustomize", str(directory))
     assert result.returncode == 0, f"kustomize {directory}: {result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def render_with_components(base: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
-    """An overlay (or `jobs/<job>`) plus components, the way a user's own kustomization would
-    combine them."""
+def components_of(overlay: str) -> tuple[str, ...]:
+    """The components that go together on an overlay: the common ones, and its Volcano variant
+    (MindCluster overlays only; autoscaling builds on a2)."""
+    volcano = VOLCANO.get(OVERLAYS[overlay]) if not overlay.startswith("cce") else None
+    common = tuple(c for c in COMPONENTS if not (overlay == "autoscaling" and c == "servicemonitor"))
+    return common + ((volcano,) if volcano else ())
+
+
+def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
+    """An overlay plus components, the way a user's own kustomization would combine them."""
     tmp.mkdir(parents=True, exist_ok=True)
     rel = pathlib.Path(os.path.relpath(K8S, tmp))
-    resource = rel / base if base.startswith("jobs/") else rel / "overlays" / base
     (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [str(resource)],
+        "resources": [str(rel / "overlays" / overlay)],
         "components": [str(rel / "components" / c) for c in components],
     }))
     return render_kustomization(tmp)
 
 
 def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each overlay, each overlay with every component, each Job kustomization, and each Job with
-    the node-arch component (the one component meant for Jobs too)."""
+    """Each overlay alone, with every component that goes with it ("+components"), and with the
+    storage patch ("+storage"): every Kubernetes object this repository can produce."""
     out = {}
     for overlay in OVERLAYS:
         out[overlay] = render_kustomization(K8S / "overlays" / overlay)
         out[f"{overlay}+components"] = render_with_components(
-            overlay, COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-components"))
-    for job in JOBS:
-        out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
-        out[f"job/{job}+node-arch"] = render_with_components(
-            f"jobs/{job}", ("node-arch",), tmp_path_factory.mktemp(f"{job}-node-arch"))
+            overlay, components_of(overlay), tmp_path_factory.mktemp(f"{overlay}-components"))
+        out[f"{overlay}+storage"] = render_with_components(
+            overlay, STORAGE_COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-storage"))
     return out
+
+
+def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
+    """(kind/name, pod spec) of every pod template: Deployments and the Job templates (CronJobs)."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            out.append((f"Deployment/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]))
+        elif doc["kind"] == "CronJob":
+            out.append((f"CronJob/{doc['metadata']['name']}",
+                        doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
+    return out
+
+
+def by_name(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in docs if d.get("kind") == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:

@@ -39,10 +39,11 @@ import yaml
 from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
 from helpers_launcher import launcher_env, run_entrypoint
 from test_deploy_support import (
-    JOBS,
+    JOB_TEMPLATES,
     OVERLAYS,
     env_mapping,
     one,
+    pod_templates,
     render_everything,
     server_container,
 )
@@ -485,48 +486,51 @@ def pod_problems(pod: dict) -> list[str]:
     return problems
 
 
-def pod_templates(docs: list[dict]) -> Iterator[tuple[str, dict]]:
-    for doc in docs:
-        if doc["kind"] in ("Deployment", "Job"):
-            yield f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]
-
-
 @pytest.fixture(scope="module")
 def renderings(tmp_path_factory) -> dict[str, list[dict]]:
     return render_everything(tmp_path_factory)
 
 
 def test_no_pod_is_privileged_or_root(renderings) -> None:
-    """Every pod of every overlay, with every component, and the Jobs. Ascend NPUs do not need
-    privileges: the device plugin gives the card, the driver's group (supplementalGroups) opens it."""
+    """Every pod of every overlay, with every component, and the Job templates, init containers
+    included. Ascend NPUs do not need privileges: the device plugin gives the card, the driver's
+    group (supplementalGroups) opens it."""
     checked = 0
     for name, docs in renderings.items():
         for kind, pod in pod_templates(docs):
             assert pod_problems(pod) == [], f"{name} {kind}"
             checked += 1
-    assert checked >= len(OVERLAYS) * 2 + len(JOBS)
+    assert {kind for docs in renderings.values() for kind, _ in pod_templates(docs)} == \
+        {"Deployment/minicpmv", *(f"CronJob/{name}" for name in JOB_TEMPLATES)}
+    assert checked >= len(OVERLAYS) * 3 * (1 + len(JOB_TEMPLATES)) - len(OVERLAYS)
 
 
 def test_the_pod_check_catches_a_privileged_container(renderings) -> None:
-    pod = json.loads(json.dumps(next(pod_templates(renderings["a2"]))[1]))
+    pod = json.loads(json.dumps(pod_templates(renderings["a2"])[0][1]))
     pod["containers"][0]["securityContext"]["privileged"] = True
     pod["securityContext"]["runAsNonRoot"] = False
-    assert len(pod_problems(pod)) == 2
+    # The init container inherits the pod's runAsNonRoot too: it is checked like the server.
+    assert pod_problems(pod) == ["wait-for-weights: may run as root", "server: privileged",
+                                 "server: may run as root"]
 
 
 def test_the_model_is_mounted_read_only_everywhere_it_is_served(renderings) -> None:
-    """Only the download Job writes the weights; every server mounts them read-only."""
+    """Only the download Job writes the weights; every server (and its init container) mounts them
+    read-only."""
     for name, docs in renderings.items():
-        if name.startswith("job/download-weights"):  # also with components/node-arch
-            continue
         for kind, pod in pod_templates(docs):
-            for c in pod["containers"]:
+            if kind == "CronJob/minicpmv-download-weights":
+                continue
+            for c in pod.get("initContainers", []) + pod["containers"]:
                 for mount in c.get("volumeMounts", []):
                     if mount["mountPath"].startswith("/models"):
                         assert mount.get("readOnly") is True, f"{name} {kind} {c['name']}"
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     for service, spec in compose["services"].items():
-        assert [v for v in spec["volumes"] if v.endswith(":/models:ro")], service
+        if service != "lb":  # the fleet's balancer serves no model: no weights mounted at all
+            assert [v for v in spec["volumes"] if v.endswith(":/models:ro")], service
+        else:
+            assert not [v for v in spec["volumes"] if "/models" in v]
         for forbidden in ("privileged", "cap_add", "user", "pid", "ipc", "network_mode", "security_opt"):
             assert forbidden not in spec, f"compose {service}: {forbidden}"
 
@@ -545,6 +549,8 @@ def test_grace_periods_outlast_the_shutdown_timeout(renderings) -> None:
     Kubernetes terminationGracePeriodSeconds (which also covers the preStop sleep)."""
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     for service, spec in compose["services"].items():
+        if "env_file" not in spec:  # the fleet's balancer: no vLLM to drain
+            continue
         env_file = re.sub(r"\$\{ASCEND_TARGET:-(\w+)\}", r"\1", spec["env_file"][0])
         drain = shutdown_timeout_of(env_mapping(REPO / env_file))
         assert duration_s(spec["stop_grace_period"]) > drain, service
@@ -564,3 +570,25 @@ def test_the_deployed_drain_reaches_vllm(tiny_checkpoint) -> None:
         env = {k: v for k, v in env.items() if v}
         plan = settings.build_plan(settings.resolve([], env), env, "cpu" if name == "cpu.env" else "ascend")
         assert plan.vllm_args[plan.vllm_args.index("--shutdown-timeout") + 1] == env["SHUTDOWN_TIMEOUT"]
+
+
+def test_the_documented_nfs_patch_keeps_the_download_job_unprivileged(tmp_path) -> None:
+    """docs/deploy-ascend.md "Storage": running the download Job as an NFS export's owner is a
+    kustomize-valid patch of the overlay, and the Job stays non-root and unprivileged."""
+    import os
+    import pathlib
+
+    from test_deploy_support import K8S, by_name, render_kustomization
+
+    doc = (REPO / "docs" / "deploy-ascend.md").read_text()
+    section = doc[doc.index("**Shared storage that ignores `fsGroup`**"):]
+    block = section[section.index("```yaml\n") + len("```yaml\n"):]
+    patches = yaml.safe_load(block[:block.index("```")])["patches"]
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "a2")], "patches": patches}))
+    cronjob = by_name(render_kustomization(tmp_path), "CronJob", "minicpmv-download-weights")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 2000
+    assert pod_problems(pod) == []

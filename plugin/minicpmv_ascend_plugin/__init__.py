@@ -28,7 +28,9 @@ from typing import Any
 from . import (
     engine_death_exit,
     file_url_400,
+    gdn_one_token_prefill,
     gdn_state_dtype,
+    image_bomb_400,
     image_size_order,
     json_whitespace,
     max_slice_nums,
@@ -37,7 +39,9 @@ from . import (
     reasoning,
     rotary_mrope,
     shutdown_cut_requests,
+    shutdown_drain_503,
     transformers_check,
+    uvicorn_signals,
     vit_merger_flags,
 )
 from ._base import AT_MODEL_IMPORT, AT_REGISTER, MODEL_MODULE, Patch, dist_version, emit, platform_name, vllm_version
@@ -59,6 +63,10 @@ PATCHES: tuple[Patch, ...] = (
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
     file_url_400.PATCH,
+    gdn_one_token_prefill.PATCH,
+    image_bomb_400.PATCH,
+    uvicorn_signals.PATCH,
+    shutdown_drain_503.PATCH,
     public_media_urls.PATCH,
     json_whitespace.PATCH,
 )

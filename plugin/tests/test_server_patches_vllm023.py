@@ -1,6 +1,6 @@
-"""The API-server patches (engine-death-exit, shutdown-cut-requests, file-url-400, public-media-urls)
-on vLLM 0.23's own code: each predicate finds the bug there, and the patch changes what vLLM 0.23
-does.
+"""The API-server patches (engine-death-exit, shutdown-cut-requests, shutdown-drain-503,
+file-url-400, image-bomb-400, public-media-urls) on vLLM 0.23's own code: each predicate finds the
+bug there, and the patch changes what vLLM 0.23 does.
 
 vLLM 0.23's server loop runs for real in serve_harness.py (its `serve_http`, signal handler,
 watchdog, `terminate_if_errored` and `AsyncLLM.shutdown`) around an engine client without an
@@ -23,6 +23,9 @@ from _vllm023 import REPO, run_python
 HARNESS = pathlib.Path(__file__).with_name("serve_harness.py")
 PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
 GRACE_S = 3  # shutdown_cut_requests.GRACE_S
+DRAIN_S = 6  # serve_harness.DRAIN_S: the stand-in engine's drain (--shutdown-timeout)
+NEW_REQUEST = "This server is shutting down and accepts no new requests"  # shutdown_drain_503
+CUT_REQUEST = "This server shut down before the request finished"
 HARNESS_TIMEOUT_S = 120  # start (a vLLM import, ~20 s here) + scenario
 HANG_TIMEOUT_S = 60  # without the fix: still running this long after start (SIGTERM at ~22 s)
 
@@ -50,17 +53,28 @@ def harness(mode: str, env: dict[str, str] | None = None,
         os.killpg(process.pid, 9)
         output, _ = process.communicate()
         code = None
-    line = next((l for l in output.splitlines() if l.startswith("RESULT ")), "RESULT {}")
+    line = next((l for l in reversed(output.splitlines()) if l.startswith("RESULT ")), "RESULT {}")  # the last
     return code, json.loads(line.removeprefix("RESULT ")), output
 
 
 def test_server_patch_predicates_find_the_bugs_in_vllm023():
-    from minicpmv_ascend_plugin import engine_death_exit, file_url_400, shutdown_cut_requests
+    from PIL import Image
+
+    from minicpmv_ascend_plugin import (
+        engine_death_exit,
+        file_url_400,
+        image_bomb_400,
+        shutdown_cut_requests,
+        shutdown_drain_503,
+    )
 
     assert engine_death_exit.check(None) is None  # terminate_if_errored only sets should_exit
     assert shutdown_cut_requests.check(None) is None  # uvicorn.Config without the timeout
+    assert shutdown_drain_503.check(None) is None  # drains through engine_client.shutdown; /health
     assert file_url_400.check(None) is None  # vLLM's own loader raises RuntimeError
     assert isinstance(file_url_400.probe(), RuntimeError)
+    assert image_bomb_400.check(None) is None  # vLLM's own image loader lets Pillow's error through
+    assert isinstance(image_bomb_400.probe(), Image.DecompressionBombError)
     from minicpmv_ascend_plugin import _base, json_whitespace, public_media_urls
 
     assert public_media_urls.check(None) is None  # the host-name-only MediaConnector
@@ -82,7 +96,8 @@ def test_engine_death_exits_1():
 def test_sigterm_answers_the_cut_request_and_exits_0():
     code, out, output = harness("sigterm")
     assert code == 0, output[-3000:]  # a requested stop is not an engine death
-    assert out["status"] == 500, out  # the cut request is answered
+    assert out["status"] == 503, out  # the cut request is answered (shutdown-drain-503: a JSON 503)
+    assert json.loads(out["status_body"])["error"]["message"].startswith(CUT_REQUEST), out
     assert out["config_timeout_graceful_shutdown"] == GRACE_S
     assert out["stopped_after_sigterm_s"] < GRACE_S + 30, out  # bounded, generous margin
     assert "exit with code" not in output
@@ -90,7 +105,44 @@ def test_sigterm_answers_the_cut_request_and_exits_0():
     assert code is None, output[-3000:]  # the bug: it waits for the cut request's client
 
 
-def test_file_url_without_directory_is_a_400():
+def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503():
+    """SIGTERM with a DRAIN_S (6 s) drain: a request that finishes 4 s into it is served; /health
+    and a new request get 503 at once; a request cut by uvicorn and one that vLLM 0.23's handler
+    answers with EngineDeadError both get a JSON 503 (shutdown-drain-503, uvicorn-signals)."""
+    code, out, output = harness("drain")
+    assert code == 0, output[-3000:]
+    assert out["slow"] == 200, out  # uvicorn-signals: not cut GRACE_S after SIGTERM
+    for key, message in (("health", NEW_REQUEST), ("new_request", NEW_REQUEST), ("status", CUT_REQUEST),
+                         ("engine_dies", CUT_REQUEST)):
+        assert out[key] == 503 and out[f"{key}_type"] == "application/json", (key, out)
+        error = json.loads(out[f"{key}_body"])["error"]
+        assert error["message"].startswith(message) and error["code"] == 503, (key, out)
+        assert error["type"] == "ServiceUnavailableError", (key, out)
+    assert out["health_s"] < 1 and out["new_request_s"] < 1, out  # at once, during the drain
+    assert out["status_s"] < DRAIN_S + GRACE_S + 10 and out["stopped_after_sigterm_s"] < DRAIN_S + GRACE_S + 30, out
+    code, out, output = harness("drain", PLUGIN_OFF, HANG_TIMEOUT_S)
+    # vLLM 0.23 alone: uvicorn's own SIGTERM handler closes the port at once (/health and a new
+    # request: connection refused, the whole drain); the request the engine's death cut gets
+    # vLLM's 500; the other one is never answered (its client gives up) and the server waits for
+    # it without end (shutdown-cut-requests' bug).
+    assert code is None, output[-3000:]
+    assert (out["health"], out["new_request"], out["slow"], out["engine_dies"]) == (
+        "URLError", "URLError", 200, 500), out
+    assert "Connection refused" in out["health_error"], out
+    assert "EngineCore encountered an issue" in out["engine_dies_body"], out
+    assert out["status"] == "TimeoutError", out
+
+
+def test_drain_is_cut_after_3_s_without_uvicorn_signals():
+    """Why uvicorn-signals: the plugin with uvicorn's own SIGTERM handler put back (the harness
+    undoes that one patch) cuts a request still running 3 s after SIGTERM (shutdown-cut-requests'
+    grace, which uvicorn then counts from SIGTERM), although the drain lasts DRAIN_S."""
+    code, out, output = harness("drain", {"MINICPMV_HARNESS_UVICORN_SIGNALS": "on"})
+    assert code == 0, output[-3000:]
+    assert out["slow"] == 503 and out["slow_s"] < DRAIN_S, out  # cut ~3 s after SIGTERM
+
+
+def test_file_url_without_directory_and_decompression_bomb_are_400s():
     code = textwrap.dedent("""
         import json, pathlib, sys
         # vLLM 0.23's error mapping imports FastAPI, which the 0.23 venv lacks: the CPU venv's.
@@ -106,6 +158,11 @@ def test_file_url_without_directory_is_a_400():
                 connector.load_from_url("file:///etc/hostname", ImageMediaIO())
             except Exception as error:
                 out[name] = [type(error).__name__, str(error), create_error_response(error).error.code]
+        from minicpmv_ascend_plugin.image_bomb_400 import bomb_png
+        try:
+            ImageMediaIO().load_bytes(bomb_png())  # a PNG whose header says 14000x14000
+        except Exception as error:
+            out["bomb"] = [type(error).__name__, str(error), create_error_response(error).error.code]
         print("RESULT " + json.dumps(out))
     """)
     results = {}
@@ -120,6 +177,10 @@ def test_file_url_without_directory_is_a_400():
     assert results["off"]["none"][0::2] == ["RuntimeError", 500]  # the bug
     # Outside the directory: vLLM's own ValueError (400), with and without the plugin.
     assert results["plugin"]["dir"][0::2] == results["off"]["dir"][0::2] == ["ValueError", 400]
+    kind, message, status = results["plugin"]["bomb"]
+    assert (kind, status) == ("ValueError", 400) and "decompression bomb" in message
+    assert message.endswith("Downscale the image to at most 178956970 pixels and send it again."), message
+    assert results["off"]["bomb"][0::2] == ["DecompressionBombError", 500]  # the bug
 
 
 def test_plugin_off_registers_none_of_them():

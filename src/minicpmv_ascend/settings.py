@@ -233,6 +233,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tensor_parallel_size", Count, 1,
             "Devices to shard the model over; must divide the attention head counts.",
             flag="--tensor-parallel-size", aliases=("-tp",)),
+    Setting("data_parallel_size", Count, 1,
+            "Engines in this one server (vLLM's data parallelism), each on its own "
+            "tensor_parallel_size devices, behind one port (vLLM balances requests by their "
+            "queues); the container needs data_parallel_size x tensor_parallel_size devices. For "
+            "this model the kit recommends one server per NPU instead (docs/deploy-ascend.md, "
+            "\"Eight cards\"): one engine's death stops every engine of the server.",
+            flag="--data-parallel-size", aliases=("-dp",)),
     Setting("max_model_len", Count, 8192,
             "Longest context (prompt + output tokens) per request.", flag="--max-model-len"),
     Setting("max_num_seqs", Count, 16, "Most requests batched together.", flag="--max-num-seqs"),
