@@ -128,3 +128,14 @@ def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tin
     assert text.endswith("<|im_start|>assistant\n<think>\n")
     without_tools = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=False)
     assert without_tools.startswith("<|im_start|>system\nBe brief.<|im_end|>\n") and "# Tools" not in without_tools
+
+
+def test_an_unfinished_thought_continues_the_generation_prompt(tiny_checkpoint):
+    """`continue_final_message` with an assistant message `<think>\\n...` (how the parity tool
+    teacher-forces a reasoning continuation) renders the generation prompt, then the text."""
+    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    continued = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": "<think>\nTwo plus three "}],
+                                              continue_final_message=True, tokenize=False)
+    assert continued == prompt + "Two plus three "

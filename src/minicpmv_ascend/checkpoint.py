@@ -73,6 +73,10 @@ TOKENIZER_ROLE_TOKENS = {
 #   </function>\n</tool_call>` (objects and lists as JSON, everything else as text);
 # - tool results go back in a user turn, each inside <tool_response>...</tool_response>;
 # - reasoning is kept only for the assistant turns after the last real user message (a tool loop);
+# - one addition: an assistant message that is an unfinished thought (`<think>` without `</think>`)
+#   is rendered as written, so that `continue_final_message` continues the generation prompt (the
+#   parity tool teacher-forces a reasoning continuation that way); Qwen3.5's would close an empty
+#   think block before it;
 # - the generation prompt opens `<think>` (thinking on by default); `enable_thinking=false` emits an
 #   empty think block instead.
 # Images and videos become `<|image_pad|>` / `<|video_pad|>`, which the processor expands into
@@ -140,7 +144,9 @@ CHAT_TEMPLATE = r"""{%- macro render_content(content, is_system_content=false) -
 {%- set content = content.split('</think>')[-1].lstrip('\n') -%}
 {%- endif -%}
 {%- endif -%}
-{%- if loop.index0 > ns.last_query_index -%}
+{%- if not reasoning and content.startswith('<think>') and '</think>' not in content -%}
+{{- '<|im_start|>assistant\n' + render_content(message.content) -}}
+{%- elif loop.index0 > ns.last_query_index -%}
 {{- '<|im_start|>assistant\n<think>\n' + (reasoning | trim) + '\n</think>\n\n' + content -}}
 {%- else -%}
 {{- '<|im_start|>assistant\n' + content -}}
