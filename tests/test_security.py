@@ -5,8 +5,10 @@ the container's privileges.
   API key from a file (as a mounted Kubernetes/Docker secret) and one allowed local media
   directory. The API-key proofs (route by route from its live /openapi.json and route list, and
   path tricks over raw HTTP) and "off by default" run against it.
-- the shared `server` (tests/conftest.py) allows exactly one host, 127.0.0.1, for the image-URL
-  examples: the allow-list proofs run against it.
+- the shared `server` (tests/conftest.py) runs `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`: image
+  URLs from public addresses, and one loopback host listed explicitly (the image-URL examples): the
+  public-only refusals run against it, for real; the public decision itself is tested on addresses
+  (no public address is reachable from this machine).
 - the deployment files (compose.yaml, the rendered Kubernetes manifests) are read, not run.
 
 Image hosts are loopback HTTP servers that count the requests they get: "refused" means a 4xx
@@ -78,7 +80,8 @@ def image_chat(server: Any, url: str, key: str | None = None) -> tuple[int, str]
 
 
 class ImageHost:
-    """A loopback HTTP server that serves one PNG (or a redirect) and records every request."""
+    """A loopback HTTP server (IPv4 and IPv6: 127.0.0.1, ::1 and localhost all reach it) that serves
+    one PNG (or a redirect) and records every request."""
 
     def __init__(self, redirect_to: str | None = None) -> None:
         self.requests: list[str] = []
@@ -103,7 +106,14 @@ class ImageHost:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class DualStack(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+            def server_bind(self) -> None:
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                super().server_bind()
+
+        self.httpd = DualStack(("::", 0), Handler)
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
@@ -379,7 +389,9 @@ def test_dry_run_and_errors_never_show_the_key(tiny_checkpoint, tmp_path) -> Non
 def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host) -> None:
     for url in (f"http://127.0.0.1:{image_host.port}/x.png", f"http://localhost:{image_host.port}/x.png"):
         status, body = image_chat(guarded, url, SECRET)
-        assert status == 400 and "fetching media by URL is off" in body, (status, body)
+        # The answer names the setting that turns fetching on, and what the client can do instead.
+        assert status == 400 and "fetching image URLs is off" in body, (status, body)
+        assert "ALLOWED_MEDIA_DOMAINS=public" in body and "data: URL" in body, body
     assert image_host.requests == [], "the server fetched an image URL although fetching is off"
     inline = "data:image/png;base64," + base64.b64encode(png((0, 160, 0))).decode()
     assert image_chat(guarded, inline, SECRET)[0] == 200  # images sent inline still work
@@ -404,29 +416,49 @@ def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> 
     assert image_chat(server, inline)[0] == 200
 
 
+# Loopback under every spelling a URL can give it, and the cloud metadata address. The image host
+# listens on 127.0.0.1 and ::1, so a fetch that got through would show up in its request log.
+REFUSED_SPELLINGS = ("localhost", "[::1]", "2130706433", "0x7f.1", "127.1", "[::ffff:127.0.0.1]",
+                     "localhost.", "LOCALHOST")
+
+
 @pytest.mark.server
-def test_an_allowed_host_is_fetched_and_no_other(server, image_host) -> None:
+def test_public_mode_refuses_loopback_under_every_spelling_for_real(server, image_host) -> None:
+    """The shared server fetches public addresses, plus 127.0.0.1 listed explicitly: the same
+    picture on the same loopback host is fetched by the listed name and refused by every other."""
     status, body = image_chat(server, f"http://127.0.0.1:{image_host.port}/red.png")
     assert status == 200, body
     assert image_host.requests == ["/red.png"]
-    status, body = image_chat(server, f"http://localhost:{image_host.port}/red.png")  # not on the list
-    assert status == 400 and "Input URL domain: localhost" in body, body
-    assert image_host.requests == ["/red.png"]
+    for host in REFUSED_SPELLINGS:
+        status, body = image_chat(server, f"http://{host}:{image_host.port}/red.png")
+        assert status == 400 and "not on a public address" in body, (host, status, body)
+        assert "ALLOWED_MEDIA_DOMAINS=public" in body and "data: URL" in body, body
+    status, body = image_chat(server, "http://169.254.169.254/latest/meta-data/")
+    assert status == 400 and "not on a public address" in body, body
+    assert image_host.requests == ["/red.png"], "a refused URL reached the host"
+    assert request(server.base_url, "/health")[0] == 200
 
 
 @pytest.mark.server
-def test_a_redirect_cannot_leave_the_allowed_hosts(server, image_host) -> None:
-    """vLLM checks only the first URL's host; the launcher turns redirects off for that reason."""
-    # The target is reachable under a name that is not allowed (so a followed redirect would show).
+def test_a_redirect_to_a_refused_address_is_not_followed(server, image_host) -> None:
+    """Every hop is checked: the explicitly listed host redirects to a name it is not (loopback),
+    the hop is refused; a redirect to the listed host itself is followed."""
     assert "127.0.0.1" in {a[4][0] for a in socket.getaddrinfo("localhost", image_host.port)}
-    hop = ImageHost(redirect_to=f"http://localhost:{image_host.port}/internal.png")
+    for target in (f"http://localhost:{image_host.port}/internal.png", f"http://[::1]:{image_host.port}/internal.png"):
+        hop = ImageHost(redirect_to=target)
+        try:
+            status, body = image_chat(server, f"http://127.0.0.1:{hop.port}/hop.png")
+        finally:
+            hop.close()
+        assert hop.requests == ["/hop.png"]
+        assert status == 400 and "not on a public address" in body, (status, body)
+    assert image_host.requests == [], "the redirect to a refused address was followed"
+    hop = ImageHost(redirect_to=f"http://127.0.0.1:{image_host.port}/fine.png")
     try:
-        status, body = image_chat(server, f"http://127.0.0.1:{hop.port}/hop.png")
+        assert image_chat(server, f"http://127.0.0.1:{hop.port}/hop.png")[0] == 200
     finally:
         hop.close()
-    assert hop.requests == ["/hop.png"]
-    assert 400 <= status < 500, (status, body)
-    assert image_host.requests == [], "the redirect to a host that is not allowed was followed"
+    assert image_host.requests == ["/fine.png"]
 
 
 # --------------------------------------------------------------------------------------------

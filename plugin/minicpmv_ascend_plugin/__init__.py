@@ -33,8 +33,10 @@ from . import (
     gdn_state_dtype,
     image_bomb_400,
     image_size_order,
+    json_whitespace,
     max_slice_nums,
     processor_version,
+    public_media_urls,
     reasoning,
     request_type_400,
     responses_assistant_content,
@@ -71,6 +73,8 @@ PATCHES: tuple[Patch, ...] = (
     request_type_400.PATCH,
     content_part_400.PATCH,
     responses_assistant_content.PATCH,
+    public_media_urls.PATCH,
+    json_whitespace.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

@@ -12,8 +12,12 @@ import reasoning_harness
 from _vllm023 import run_python
 
 SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400", "uvicorn-signals",
-                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content"]
+                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
+                  "public-media-urls"]
 CPU_ONLY = "gdn-one-token-prefill"  # between file-url-400 and image-bomb-400 in PATCHES
+# json-whitespace applies where vLLM runs grammars (the image has xgrammar); this venv holds vLLM's
+# Python code without xgrammar, so its predicate skips it here. Last in PATCHES.
+XGRAMMAR_PATCH = "json-whitespace"
 
 PROBE = textwrap.dedent("""
     import json, sys, time
@@ -60,7 +64,8 @@ def test_loaded_by_vllm_applies_every_backport_once():
     assert all(out["pending"][name] == "pending" for name in backports)
     assert {k: v[0] for k, v in out["decisions"].items()} == {
         "reasoning-parser": "applied", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-        **{name: "applied" for name in backports + SERVER_PATCHES}, CPU_ONLY: "skipped"}
+        **{name: "applied" for name in backports + SERVER_PATCHES}, CPU_ONLY: "skipped", XGRAMMAR_PATCH: "skipped"}
+    assert out["decisions"][XGRAMMAR_PATCH][1] == "xgrammar is not installed"
     assert "not Ascend" in out["decisions"]["rotary-mrope"][1]
     assert out["decisions"][CPU_ONLY][1] == \
         "platform unspecified does not run vLLM-CPU's GDN conv kernel"
@@ -70,7 +75,8 @@ def test_loaded_by_vllm_applies_every_backport_once():
     assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
            f"gdn-state-dtype, {', '.join(SERVER_PATCHES)}; " \
            "skipped: rotary-mrope (platform unspecified is not Ascend), gdn-one-token-prefill (platform " \
-           "unspecified does not run vLLM-CPU's GDN conv kernel)" in lines[0]
+           "unspecified does not run vLLM-CPU's GDN conv kernel), json-whitespace (xgrammar is not " \
+           "installed)" in lines[0]
     assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
 
 
@@ -196,7 +202,8 @@ def test_ascend_check_script_on_vllm023():
         "patch reasoning-parser: applied", "patch gdn-state-dtype: applied", "patch rotary-mrope: skipped",
         "patch processor-version: applied", "patch image-size-order: applied", "patch vit-merger-flags: applied",
         "patch max-slice-nums: applied", *[f"patch {name}: applied" for name in SERVER_PATCHES[:3]],
-        f"patch {CPU_ONLY}: skipped", *[f"patch {name}: applied" for name in SERVER_PATCHES[3:]], "result: ok"]
+        f"patch {CPU_ONLY}: skipped", *[f"patch {name}: applied" for name in SERVER_PATCHES[3:]],
+        f"patch {XGRAMMAR_PATCH}: skipped", "result: ok"]
 
 
 @pytest.mark.parametrize("plugin_env, expected", [

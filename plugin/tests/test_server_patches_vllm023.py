@@ -1,6 +1,6 @@
 """The API-server patches (engine-death-exit, shutdown-cut-requests, shutdown-drain-503,
-file-url-400, image-bomb-400) on vLLM 0.23's own code: each predicate finds the bug there, and the
-patch changes what vLLM 0.23 does.
+file-url-400, image-bomb-400, public-media-urls) on vLLM 0.23's own code: each predicate finds the
+bug there, and the patch changes what vLLM 0.23 does.
 
 vLLM 0.23's server loop runs for real in serve_harness.py (its `serve_http`, signal handler,
 watchdog, `terminate_if_errored` and `AsyncLLM.shutdown`) around an engine client without an
@@ -75,6 +75,14 @@ def test_server_patch_predicates_find_the_bugs_in_vllm023():
     assert isinstance(file_url_400.probe(), RuntimeError)
     assert image_bomb_400.check(None) is None  # vLLM's own image loader lets Pillow's error through
     assert isinstance(image_bomb_400.probe(), Image.DecompressionBombError)
+    from minicpmv_ascend_plugin import _base, json_whitespace, public_media_urls
+
+    assert public_media_urls.check(None) is None  # the host-name-only MediaConnector
+    # json-whitespace: 0.23's xgrammar backend compiles without a bound, through self.compiler (the
+    # vllm-ascend image has xgrammar; this venv holds vLLM's Python code only).
+    _, source = _base.source_of("v1/structured_output/backend_xgrammar.py")
+    assert "max_whitespace_cnt" not in source and "self.compiler.compile_json_schema(" in source
+    assert json_whitespace.check(None) in (None, "xgrammar is not installed")
 
 
 def test_engine_death_exits_1():
@@ -181,3 +189,76 @@ def test_plugin_off_registers_none_of_them():
                       env=PLUGIN_OFF)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "RESULT []" in proc.stdout
+
+
+def test_public_media_urls_on_vllm023_connector():
+    """`allowed_media_domains=public,127.0.0.1` on vLLM 0.23's own MediaConnector: the listed host is
+    fetched, a loopback name and a redirect to it are refused (400) before any request reaches them;
+    without the plugin vLLM's allow-list refuses every unlisted host, naming the setting (fail closed)."""
+    import http.server
+    import io
+    import threading
+
+    from PIL import Image
+
+    requests: list[str] = []
+    png = io.BytesIO()
+    Image.new("RGB", (32, 24), (200, 40, 40)).save(png, "PNG")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            requests.append(self.path)
+            if self.path.startswith("/hop"):
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/secret.png")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png.getvalue())))
+            self.end_headers()
+            self.wfile.write(png.getvalue())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    code = textwrap.dedent(f"""
+        import json, pathlib, sys
+        sys.path.extend(str(p) for p in sorted(pathlib.Path(".venv/lib").glob("python3.*/site-packages")))
+        from vllm.entrypoints.serve.utils.error_response import create_error_response
+        from vllm.multimodal.media.connector import MediaConnector
+        from vllm.multimodal.media.image import ImageMediaIO
+        from vllm.plugins import load_general_plugins
+        from minicpmv_ascend.media_urls import PUBLIC_SENTINEL
+        load_general_plugins()
+        connector = MediaConnector(allowed_media_domains=[PUBLIC_SENTINEL, "127.0.0.1"])
+        out = {{}}
+        for name, url in (("listed", "http://127.0.0.1:{port}/ok.png"), ("loopback", "http://localhost:{port}/x.png"),
+                          ("redirect", "http://127.0.0.1:{port}/hop.png")):
+            try:
+                out[name] = ["ok", list(connector.load_from_url(url, ImageMediaIO()).size)]
+            except Exception as error:
+                out[name] = [type(error).__name__, str(error), create_error_response(error).error.code]
+        print("RESULT " + json.dumps(out))
+    """)
+    results = {}
+    try:
+        for label, env in (("plugin", {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1"}), ("off", PLUGIN_OFF)):
+            requests.clear()
+            proc = run_python(code, env=env)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+            results[label] = (json.loads(line.removeprefix("RESULT ")), list(requests))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    out, seen = results["plugin"]
+    assert out["listed"] == ["ok", [32, 24]]
+    for name in ("loopback", "redirect"):
+        assert out[name][0::2] == ["MediaURLRefused", 400] and "ALLOWED_MEDIA_DOMAINS=public" in out[name][1], out
+    assert seen == ["/ok.png", "/hop.png"]  # the redirect's target was never requested
+    out, seen = results["off"]
+    assert out["loopback"][0::2] == ["ValueError", 400] and "public addresses only" in out["loopback"][1]
+    assert "/x.png" not in seen

@@ -40,12 +40,14 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
-from minicpmv_ascend import access
+from minicpmv_ascend import access, media_urls, tool_calls
 
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
 REDACTED = "<redacted>"
-EMBEDDED_CHECKPOINT_NAME = "minicpmv46-tiny-random-seed0"
+# The generator version is part of the name: a cached checkpoint of an older generator (without
+# the tool-calling chat template) is not served for a newer one.
+EMBEDDED_CHECKPOINT_NAME = "minicpmv46-tiny-random-seed0-v2"
 DEFAULT_CACHE_DIR = "~/.cache/minicpmv-ascend"
 REAL_MODEL_HINT = "MODEL_PATH=/path/to/MiniCPM-V-4.6-Thinking"
 
@@ -98,6 +100,7 @@ NonEmpty = Annotated[str, at.MinLen(1)]
 DType = Literal["bfloat16", "float16", "float32"]
 MambaDType = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+ToolStrictLevel = Literal["auto", "function", "parameter"]
 MediaLimits = Annotated[
     dict[Literal["image", "video"], Annotated[int, BeforeValidator(_reject_bool), at.Ge(0)]],
     BeforeValidator(_json_if_str),
@@ -116,7 +119,7 @@ def _media_host(entry: str) -> str:
     """One allowed media host, normalised the way vLLM sees a request URL's host (urllib3:
     lower case, IDNA, IPv6 in brackets), because vLLM compares the two strings exactly."""
     host = entry.strip()
-    if host == "*":
+    if host in ("*", media_urls.PUBLIC):
         return host
     if "://" in host:
         raise ValueError(f"{entry!r} is a URL: give only its host name "
@@ -144,7 +147,8 @@ def _media_host(entry: str) -> str:
 
 def _any_alone(hosts: list[str]) -> list[str]:
     if "*" in hosts and len(hosts) > 1:
-        raise ValueError("* (any host) makes the other host names meaningless: give one or the other")
+        raise ValueError("* (any host) makes the other entries meaningless: give one or the other "
+                         "(public: any host on a public address, the recommended way)")
     return hosts
 
 
@@ -153,8 +157,9 @@ MediaHosts = Annotated[list[Annotated[str, AfterValidator(_media_host)]],
 # vLLM has no switch that turns media URL fetching off: an empty --allowed-media-domains means
 # *every* host. So "off" is an allow-list holding only this entry, which can never equal a URL's
 # host (spaces and parentheses are not allowed in one). vLLM quotes it in its 400 answer, so it
-# doubles as the client's hint.
-MEDIA_FETCHING_OFF = "none (fetching media by URL is off; send images as data: URLs)"
+# doubles as the hint: to the client (send the image inline) and to its operator (the setting).
+MEDIA_FETCHING_OFF = (f"none (fetching image URLs is off: the server setting {media_urls.SETTING_HINT} "
+                      "turns it on; or send the image inline as a data: URL)")
 
 # How a setting reaches vLLM.
 #   value       --flag VALUE (omitted when the effective value is None)
@@ -180,6 +185,7 @@ class Setting:
     aliases: tuple[str, ...] = ()  # other vLLM spellings that mean this setting (e.g. -tp)
     env_name: str | None = None  # None: the name upper-cased
     secret: bool = False
+    middleware: str | None = None  # emit "bool": an ASGI middleware vLLM gets (--middleware) while true
 
     @property
     def env(self) -> str:
@@ -271,12 +277,20 @@ SETTINGS: tuple[Setting, ...] = (
             "Dtype of the Gated DeltaNet recurrent state. auto: the checkpoint's "
             "text_config.mamba_ssm_dtype (float32 in the released model), else float32.",
             flag="--mamba-ssm-cache-dtype"),
-    Setting("enable_auto_tool_choice", bool, False,
-            "Let the model call tools (OpenAI `tools`, `tool_choice: auto`).",
-            emit="bool", flag="--enable-auto-tool-choice"),
+    Setting("enable_auto_tool_choice", bool, True,
+            "Tool calling (OpenAI `tools` with `tool_choice` auto, required, a named function or none). "
+            "true also adds the kit's tool-call guard: a call cut by max_tokens or missing a required "
+            "argument is not handed out as a call (docs/applications.md).",
+            emit="bool", flag="--enable-auto-tool-choice", middleware=tool_calls.MIDDLEWARE),
     Setting("tool_call_parser", NonEmpty, "qwen3_coder",
             "Tool-call format (MiniCPM-V 4.6 writes Qwen3-Coder XML); used only with "
-            "enable_auto_tool_choice.", flag="--tool-call-parser"),
+            "enable_auto_tool_choice. Checked against the installed vLLM's parsers.", flag="--tool-call-parser"),
+    Setting("tool_strict_level", ToolStrictLevel, "parameter",
+            "How far forced and automatic tool calls are constrained (vLLM >= 0.32; vLLM 0.30 and 0.23 "
+            "constrain forced calls to the tool's schema themselves): parameter: the call and its "
+            "arguments follow the tool's JSON schema, required fields included; function: only the "
+            "call's shape; auto: vLLM's default (arguments free unless the tool says `strict`).",
+            flag="--tool-strict-level"),
     Setting("hf_overrides", JsonObject, {},
             "Overrides merged into the checkpoint's config.json (JSON object), e.g. the Ascend "
             "M-RoPE fix.", emit="json", flag="--hf-overrides"),
@@ -292,11 +306,14 @@ SETTINGS: tuple[Setting, ...] = (
             "plugin's shutdown-cut-requests fix; docs/reliability.md).",
             flag="--shutdown-timeout"),
     Setting("allowed_media_domains", MediaHosts, [],
-            "Hosts whose http(s) image URLs the server may fetch (comma-separated, exact host names "
-            "as in the URL, e.g. `images.example.com,10.0.0.7`). Empty: fetching media by URL is "
-            "off (no SSRF), clients send images inline as data: URLs; `*`: any host (vLLM's own "
-            "default, not recommended). Redirects are not followed (the launcher sets "
-            "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0 unless you do): vLLM checks only the first URL's host.",
+            "Which http(s) image URLs the server fetches. Empty: none (clients send images inline as "
+            "data: URLs). `public` (recommended to turn URLs on): any host whose addresses are all "
+            "public; loopback, private, link-local, multicast, reserved and cloud metadata addresses are "
+            "refused, for the first URL and every redirect, and the connection goes to the checked "
+            "address. Host names (exact, as in the URL, e.g. `images.example.com,10.0.0.7`): only those "
+            "(vLLM's allow-list; redirects not followed); `public,images.internal` adds listed private "
+            "hosts to public mode. `*`: any host, internal ones included (vLLM's own default, not "
+            "recommended). docs/reliability.md, Media fetching.",
             emit="list", flag="--allowed-media-domains"),
     Setting("allowed_local_media_path", str, "",
             "Server directory whose files clients may send as file:// image URLs (absolute path "
@@ -384,7 +401,7 @@ def describe_type(tp: Any) -> str:
         keys, values = get_args(tp)
         return f"JSON object ({describe_type(keys).removeprefix('one of ')} -> {describe_type(values)})"
     if get_origin(tp) is list:
-        return "comma-separated list of host names, or *"  # the only list setting: media hosts
+        return "comma-separated list of host names, public, or *"  # the only list setting: media hosts
     return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(tp, "any")
 
 
@@ -1000,7 +1017,11 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
         eff["mamba_ssm_cache_dtype"] = declared if declared in ("float32", "bfloat16", "float16") else "float32"
     if not eff["enable_auto_tool_choice"]:
         eff["tool_call_parser"] = None  # vLLM only uses it for automatic tool choice
+    if not eff["enable_auto_tool_choice"] or not tool_calls.has_tool_strict_level():
+        eff["tool_strict_level"] = None  # unused, or a vLLM without the flag (_check_tool_calling)
     hosts = eff["allowed_media_domains"]
+    if media_urls.PUBLIC in hosts:  # the plugin checks addresses; without it vLLM refuses every URL
+        hosts = [media_urls.PUBLIC_SENTINEL, *(h for h in hosts if h != media_urls.PUBLIC)]
     eff["allowed_media_domains"] = None if hosts == ["*"] else (hosts or [MEDIA_FETCHING_OFF])
     local = eff["allowed_local_media_path"]
     # Resolved: vLLM 0.23 compares it with the resolved parents of the requested file.
@@ -1008,11 +1029,33 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
     return eff
 
 
+def _check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) -> None:
+    """The tool parser and strict level against the installed vLLM, read from its source (cheap,
+    so on every start; vLLM's own registry is consulted too when parser names are given, see
+    _check_parser_names). Nothing is checked when vLLM's source cannot be read here."""
+    parser, level = effective["tool_call_parser"], resolution.values["tool_strict_level"]
+    known = tool_calls.registered_tool_parsers()
+    plugin = any(_normalise_flag(a.partition("=")[0]) == "--tool-parser-plugin" for a in resolution.passthrough)
+    if parser is not None and known and parser not in known and not plugin:
+        setting, origin = SETTINGS_BY_NAME["tool_call_parser"], resolution.values["tool_call_parser"]
+        close = difflib.get_close_matches(parser, sorted(known), n=1)
+        raise _error(setting, origin, f"this vLLM has no tool call parser named {parser!r}",
+                     f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}set {_fix_where(setting, origin)} "
+                     f"to one of: {', '.join(sorted(known))} (MiniCPM-V 4.6 writes qwen3_coder's format)")
+    if (effective["enable_auto_tool_choice"] and level.source != "default" and _vllm_package_dir() is not None
+            and not tool_calls.has_tool_strict_level()):
+        setting = SETTINGS_BY_NAME["tool_strict_level"]
+        raise _error(setting, level, "this vLLM has no --tool-strict-level (vLLM >= 0.32 has it; 0.30 and "
+                     "0.23 constrain forced calls to the tool's schema without it)",
+                     f"remove {_fix_where(setting, level)}")
+
+
 def setting_argv(setting: Setting, value: Any) -> list[str]:
     """The vLLM flags for one setting's effective value."""
     flag = setting.flag or ""
     if setting.emit == "bool":
-        return [flag if value else "--no-" + flag.removeprefix("--")]
+        middleware = ["--middleware", setting.middleware] if value and setting.middleware else []
+        return [flag if value else "--no-" + flag.removeprefix("--"), *middleware]
     if setting.emit == "json":
         return [flag, json.dumps(value, separators=(",", ":"))] if value else []
     if setting.emit == "list":
@@ -1073,9 +1116,12 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     _check_compilation_config(resolution)
     _check_local_media(resolution)
     effective = _effective(resolution, config)
+    _check_tool_calling(resolution, effective)
     # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
-    # allowed host could lead anywhere (an internal address, SSRF).
-    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
+    # allowed host could lead anywhere (an internal address, SSRF). In public mode every hop is
+    # checked (media_urls), so redirects are followed there.
+    public = media_urls.PUBLIC in resolution["allowed_media_domains"]
+    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0"}
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":
@@ -1291,7 +1337,8 @@ def _doc_flag(setting: Setting) -> str:
     if setting.emit == "launcher":
         return "- (launcher only)"
     if setting.emit == "bool":
-        return " / ".join(f"`{flag}`" for flag in setting_argv(setting, True) + setting_argv(setting, False))
+        flags = " / ".join(f"`{flag}`" for flag in (setting_argv(setting, True)[0], *setting_argv(setting, False)))
+        return flags + (f" (true: also `--middleware {setting.middleware}`)" if setting.middleware else "")
     return f"`{setting.flag}`"
 
 
