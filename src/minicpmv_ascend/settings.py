@@ -21,7 +21,6 @@ Public API (used by the launcher, the probes and the tests):
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import difflib
 import importlib.metadata
@@ -40,7 +39,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
-from minicpmv_ascend import access, media_urls, tool_calls
+from minicpmv_ascend import access, media_urls, tool_calls, vllm_source
 
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
@@ -633,30 +632,13 @@ def visible_device_count(
     return count if (count or platform == "ascend") else None
 
 
-def _vllm_package_dir() -> pathlib.Path | None:
-    spec = importlib.util.find_spec("vllm")  # a top-level lookup does not import vLLM
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return pathlib.Path(next(iter(spec.submodule_search_locations)))
-
-
 def registered_reasoning_parsers() -> set[str]:
     """Names in vLLM's lazy reasoning-parser table, read from its source (importing vLLM takes
     seconds). Empty when vLLM is absent or its layout is unknown."""
-    package = _vllm_package_dir()
+    package = vllm_source.package_dir()
     if package is None:
         return set()
-    names: set[str] = set()
-    init = package / "reasoning" / "__init__.py"
-    try:
-        tree = ast.parse(init.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
-        tree = ast.Module(body=[], type_ignores=[])
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "_REASONING_PARSERS_TO_REGISTER" for t in node.targets
-        ) and isinstance(node.value, ast.Dict):
-            names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    names = vllm_source.table_keys(vllm_source.read("reasoning/__init__.py"), "_REASONING_PARSERS_TO_REGISTER")
     # Older layouts register with decorators in one module per parser.
     if (package / "reasoning" / "minicpmv_reasoning_parser.py").exists():
         names.add("minicpmv")
@@ -1042,7 +1024,7 @@ def _check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) ->
         raise _error(setting, origin, f"this vLLM has no tool call parser named {parser!r}",
                      f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}set {_fix_where(setting, origin)} "
                      f"to one of: {', '.join(sorted(known))} (MiniCPM-V 4.6 writes qwen3_coder's format)")
-    if (effective["enable_auto_tool_choice"] and level.source != "default" and _vllm_package_dir() is not None
+    if (effective["enable_auto_tool_choice"] and level.source != "default" and vllm_source.package_dir() is not None
             and not tool_calls.has_tool_strict_level()):
         setting = SETTINGS_BY_NAME["tool_strict_level"]
         raise _error(setting, level, "this vLLM has no --tool-strict-level (vLLM >= 0.32 has it; 0.30 and "
