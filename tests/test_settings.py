@@ -16,6 +16,7 @@ import pytest
 from helpers_launcher import SECRET, copy_checkpoint, edit_config
 
 from minicpmv_ascend import settings, tool_calls
+from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import SETTINGS, ConfigError, build_plan, check_with_vllm, resolve
 
 CPU = "cpu"
@@ -452,7 +453,7 @@ def test_sharded_checkpoint_with_all_shards_passes(tiny_checkpoint, tmp_path):
     (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
     index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert settings.checkpoint_problems(model) == []
+    assert model_files.checkpoint_problems(model) == []
 
 
 def test_tensor_parallel_size_checks(tiny_checkpoint):
