@@ -336,16 +336,22 @@ def test_probe_image_decodes_with_pillow() -> None:
     assert image.getpixel((left - 1, top)) == probes.WHITE
 
 
-def test_api_key_resolution(tmp_path: Path) -> None:
+def test_bad_api_key_settings_are_usage_errors(tmp_path: Path) -> None:
+    """The probe reads the key with the launcher's rules (common.api_key): both variables set, or an
+    empty key file, is exit 2 with the reason, never a request without the key."""
     key_file = tmp_path / "key"
-    key_file.write_text("  from-file\n")
-    assert probes.api_key_from_env({}) is None
-    assert probes.api_key_from_env({"API_KEY_FILE": str(key_file)}) == "from-file"
-    both = {"VLLM_API_KEY": "from-env", "API_KEY_FILE": str(key_file)}
-    assert probes.api_key_from_env(both) == "from-env"
     key_file.write_text("\n")
-    with pytest.raises(probes.UsageError, match="empty"):
-        probes.api_key_from_env({"API_KEY_FILE": str(key_file)})
+    clean = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "API_KEY_FILE")}
+    for env in ({"API_KEY_FILE": str(key_file)}, {"API_KEY_FILE": str(key_file), "VLLM_API_KEY": "k"}):
+        result = subprocess.run([sys.executable, str(REPO / "healthcheck" / "probe.py"), "live", "--url",
+                                 "http://127.0.0.1:9"], env={**clean, **env}, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("minicpmv-probe: error: ")
+        assert ("empty" if "VLLM_API_KEY" not in env else "VLLM_API_KEY or API_KEY_FILE") in result.stderr
+
+
+def test_client_sends_the_key_only_when_there_is_one() -> None:
     client = probes.Client("http://127.0.0.1:1", 1, "k")
     assert client._headers(True)["Authorization"] == "Bearer k"
     assert "Authorization" not in probes.Client("http://127.0.0.1:1", 1)._headers(False)

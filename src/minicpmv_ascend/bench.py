@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from minicpmv_ascend import roofline
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 
 EXIT_USAGE = 2
 VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
@@ -260,22 +261,21 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def _api_key() -> str | None:
+    """The endpoint's API key (VLLM_API_KEY or API_KEY_FILE); a bad setting is a usage error."""
+    try:
+        return api_key_from_env(os.environ)
+    except ApiKeyError as err:
+        raise UsageError(str(err)) from None
+
+
 def _bench_env() -> dict[str, str]:
     env = dict(os.environ)
-    key = env.get("VLLM_API_KEY") or _read_key_file(env.get("API_KEY_FILE"))
+    key = _api_key()
     if key:  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
         env["OPENAI_API_KEY"] = key
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
-
-
-def _read_key_file(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return pathlib.Path(path).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def summarise(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -361,7 +361,7 @@ def add_image_tokens(records: list[dict[str, Any]]) -> None:
 def _request(url: str, body: Any = None) -> urllib.request.Request:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    key = os.environ.get("VLLM_API_KEY") or _read_key_file(os.environ.get("API_KEY_FILE"))
+    key = _api_key()
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     return request
@@ -792,6 +792,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     out = pathlib.Path(args.out)
     try:
+        _api_key()  # a bad API key setting stops the run before any server or cell starts
         result: dict[str, Any] = {"kind": args.command, "created": _now(), "argv": list(argv or sys.argv[1:]),
                                   "machine": {"cpus": os.cpu_count(), "load_start": machine_load()}}
         if args.command == "endpoint":

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minicpmv_ascend.bench import REPO, UsageError, _get_json, free_port, machine_load, stop_server
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FUZZ_VENV = REPO / ".venv-fuzz"
@@ -448,7 +449,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "(requirements/fuzz.txt), or point --st at schemathesis's `st`")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    api_key = os.environ.get("VLLM_API_KEY") or None
+    try:
+        api_key = api_key_from_env(os.environ)  # VLLM_API_KEY or API_KEY_FILE, as the server reads them
+    except ApiKeyError as err:
+        raise UsageError(str(err)) from None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     server = None if args.url else OwnServer(out)
     started = time.monotonic()

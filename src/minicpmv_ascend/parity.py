@@ -35,7 +35,8 @@ from typing import Any, Sequence
 
 from minicpmv_ascend import parity_prompts
 from minicpmv_ascend.parity_prompts import Prompt, PromptError
-from minicpmv_ascend.probes import Client, ProbeFailure, UsageError, api_key_from_env, png_data_url
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.probes import Client, ProbeFailure, png_data_url
 
 REPORT_VERSION = "1"
 TOP_K = 5
@@ -666,7 +667,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         api_key = api_key_from_env(os.environ)
-    except UsageError as exc:
+    except ApiKeyError as exc:
         raise ParityUsageError(str(exc)) from exc
     endpoints: dict[str, Endpoint] = {}  # one per URL: a floor equal to a candidate runs once
 

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 DEFAULT_MODEL = "minicpm-v-4.6-thinking"
 DEFAULT_TIMEOUT = {"live": 10.0, "ready": 10.0, "smoke": 60.0}
@@ -100,27 +102,6 @@ def png_data_url(data: bytes) -> str:
 
 # --------------------------------------------------------------------------------------------
 # HTTP
-
-
-def api_key_from_env(env: Mapping[str, str]) -> str | None:
-    """The server's API key: VLLM_API_KEY, else the contents of the file named by API_KEY_FILE.
-
-    Same variable names as the launcher's settings, so the probe in the container finds the key
-    the server was started with (a Kubernetes Secret mounted as a file, typically).
-    """
-    if env.get("VLLM_API_KEY"):
-        return env["VLLM_API_KEY"]
-    path = env.get("API_KEY_FILE")
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            key = handle.read().strip()
-    except OSError as exc:
-        raise UsageError(f"API_KEY_FILE={path!r} cannot be read: {exc.strerror}") from exc
-    if not key:
-        raise UsageError(f"API_KEY_FILE={path!r} is empty")
-    return key
 
 
 @dataclass
@@ -572,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv)
     try:
         api_key = api_key_from_env(os.environ)
-    except UsageError as exc:
+    except ApiKeyError as exc:
         print(f"minicpmv-probe: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     client = Client(options.url, options.timeout, api_key)

@@ -40,6 +40,7 @@ import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
 from minicpmv_ascend import access, media_urls, tool_calls, vllm_source
+from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
 
 CONFIG_FILE_ENV = "CONFIG_FILE"
@@ -748,23 +749,10 @@ class Plan:
 
 def _read_api_key(resolution: Resolution) -> str | None:
     key, key_file = resolution.values["api_key"], resolution.values["api_key_file"]
-    if key.value and key_file.value:
-        raise ConfigError("api_key_file", key_file.value, key_file.origin,
-                          f"both api_key (from {key.origin}) and api_key_file are set",
-                          "set only one of them (VLLM_API_KEY or API_KEY_FILE)")
-    if not key_file.value:
-        return key.value or None
-    setting = SETTINGS_BY_NAME["api_key_file"]
     try:
-        secret = pathlib.Path(key_file.value).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = getattr(err, "strerror", None) or str(err)
-        raise _error(setting, key_file, f"the key file cannot be read: {reason}",
-                     "mount the secret at that path (readable by this user) or fix the path") from None
-    if not secret:
-        raise _error(setting, key_file, "the key file is empty",
-                     "put the API key into the file (whitespace around it is ignored)")
-    return secret
+        return read_api_key(key.value, key_file.value, key.origin)
+    except ApiKeyError as err:
+        raise ConfigError("api_key_file", key_file.value, key_file.origin, err.why, err.fix) from None
 
 
 def _locate_model(resolution: Resolution, environ: Mapping[str, str]) -> tuple[str, pathlib.Path | None, bool]:

@@ -1,0 +1,64 @@
+"""minicpmv_ascend.common: what the host tools and the runtime share (standard library, Python 3.7).
+
+Pure unit tests (no server); the modules also run under Python 3.7 in tests/test_host_python37.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env
+from minicpmv_ascend.common import api_key
+from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
+
+# --------------------------------------------------------------------------------------------
+# The API key: one reader, one behaviour
+
+
+def test_api_key_from_either_place(tmp_path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("  from-file\n")
+    assert read_api_key(None, None) is None and read_api_key("", "") is None
+    assert read_api_key("direct", None) == "direct"
+    assert read_api_key(None, str(key_file)) == "from-file"
+    assert api_key.api_key_from_env({"API_KEY_FILE": str(key_file)}) == "from-file"
+    assert api_key.api_key_from_env({"VLLM_API_KEY": "k", "API_KEY_FILE": ""}) == "k"  # empty = unset
+
+
+def test_api_key_mistakes_are_errors_that_say_what_to_do(tmp_path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("secret")
+    with pytest.raises(ApiKeyError) as both:
+        api_key.api_key_from_env({"VLLM_API_KEY": "k", "API_KEY_FILE": str(key_file)})
+    assert "both api_key (from env VLLM_API_KEY) and api_key_file are set" in str(both.value)
+    assert "VLLM_API_KEY or API_KEY_FILE" in str(both.value)
+    with pytest.raises(ApiKeyError, match=f"API_KEY_FILE={tmp_path / 'absent'}: the key file cannot be read: "
+                                          "No such file or directory; mount the secret"):
+        read_api_key(None, str(tmp_path / "absent"))
+    key_file.write_text(" \n")
+    with pytest.raises(ApiKeyError, match="the key file is empty; put the API key into the file"):
+        read_api_key(None, str(key_file))
+    with pytest.raises(ApiKeyError, match="cannot be read"):
+        read_api_key(None, str(tmp_path))  # a directory
+
+
+@pytest.mark.parametrize("tool", [
+    ["healthcheck/probe.py", "live", "--url", "http://127.0.0.1:9"],
+    ["-m", "minicpmv_ascend.bench", "endpoint", "--base-url", "http://127.0.0.1:9", "--out", "{tmp}"],
+    ["-m", "minicpmv_ascend.parity", "--reference", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9",
+     "--out", "{tmp}", "--subset", "text"],
+    ["-m", "minicpmv_ascend.fuzz", "--url", "http://127.0.0.1:9", "--out", "{tmp}", "--st", sys.executable],
+])
+def test_every_tool_refuses_both_keys_with_a_usage_error(tool, tmp_path) -> None:
+    """The probe and the tools read the key the same way: both set is exit 2 naming both,
+    before any request is sent."""
+    (tmp_path / "key").write_text("secret")
+    args = [part.replace("{tmp}", str(tmp_path)) for part in tool]
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env=clean_env(VLLM_API_KEY="k", API_KEY_FILE=str(tmp_path / "key"),
+                                          PYTHONPATH=str(REPO / "src")))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "VLLM_API_KEY or API_KEY_FILE" in result.stderr, result.stderr
