@@ -5,14 +5,19 @@ Pure unit tests (no server); the modules also run under Python 3.7 in tests/test
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, free_port
 from minicpmv_ascend.common import api_key
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
+from minicpmv_ascend.common.http import Client, RequestFailed
 
 # --------------------------------------------------------------------------------------------
 # The API key: one reader, one behaviour
@@ -62,3 +67,63 @@ def test_every_tool_refuses_both_keys_with_a_usage_error(tool, tmp_path) -> None
                                           PYTHONPATH=str(REPO / "src")))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "VLLM_API_KEY or API_KEY_FILE" in result.stderr, result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The HTTP client: one line per failure, a bound on the whole answer
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """/ok: JSON; /error: vLLM's error body with 400; /text: not JSON; /trickle: 64 KiB every 0.6 s."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = {"/ok": b'{"data": [1]}', "/error": b'{"error": {"message": "bad  thing\\n happened"}}',
+                "/text": b"<html>", "/trickle": b"x" * 4 * 2**16}[self.path]
+        self.send_response(400 if self.path == "/error" else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.path != "/trickle":
+            self.wfile.write(body)
+            return
+        for start in range(0, len(body), 2**16):
+            time.sleep(0.6)
+            self.wfile.write(body[start:start + 2**16])
+            self.wfile.flush()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def answers() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_client_answers_and_failures_are_one_line(answers) -> None:
+    client = Client(answers, 5)
+    assert client.get_json("/ok") == {"data": [1]}
+    with pytest.raises(RequestFailed) as error:
+        client.get("/error")
+    assert str(error.value) == "GET /error: HTTP 400 bad thing happened"
+    assert error.value.status == 400 and b"bad" in error.value.body  # what bench inspects
+    with pytest.raises(RequestFailed, match=r"^GET /text: response is not JSON"):
+        client.get_json("/text")
+
+
+def test_client_bounds_the_whole_answer_not_each_read(answers) -> None:
+    """A server that sends its answer in pieces, each faster than the socket timeout, is cut at the
+    bound (after the piece that crosses it), not after the whole answer (2.4 s)."""
+    started = time.monotonic()
+    with pytest.raises(RequestFailed, match="timed out after 1 s reading the response"):
+        Client(answers, 1).get("/trickle")
+    assert time.monotonic() - started < 1.8
+
+
+def test_client_says_nothing_listens() -> None:
+    with pytest.raises(RequestFailed) as error:
+        Client(f"http://127.0.0.1:{free_port()}", 5).get("/health")
+    assert error.value.reason.startswith("connection refused: nothing listens on this port yet")
+    assert error.value.status is None

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from minicpmv_ascend import probes
+from minicpmv_ascend.common.http import Client
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = REPO / "healthcheck" / "probe.py"
@@ -230,7 +231,7 @@ def test_smoke_fails_when_the_answer_does_not_match(server: Any) -> None:
 def test_smoke_fails_when_reasoning_is_expected_but_thinking_is_off(server: Any) -> None:
     """What a server without --reasoning-parser looks like from the probe's side, checked on a
     real response: the thinking-off answer has no `reasoning`, so the thinking-on check fails."""
-    client = probes.Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
+    client = Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
     case = probes.ChatCase("text", with_image=False, thinking=False, max_tokens=8)
     response = client.post_json("/v1/chat/completions",
                                 probes.chat_payload(case, server.model, ""))
@@ -268,7 +269,7 @@ _CASE = probes.ChatCase("text", with_image=False, thinking=None, max_tokens=8)
 
 
 def _real_completion(server: Any) -> dict[str, Any]:
-    client = probes.Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
+    client = Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
     return client.post_json("/v1/chat/completions", probes.chat_payload(_CASE, server.model, ""))
 
 
@@ -352,9 +353,9 @@ def test_bad_api_key_settings_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_client_sends_the_key_only_when_there_is_one() -> None:
-    client = probes.Client("http://127.0.0.1:1", 1, "k")
+    client = Client("http://127.0.0.1:1", 1, "k")
     assert client._headers(True)["Authorization"] == "Bearer k"
-    assert "Authorization" not in probes.Client("http://127.0.0.1:1", 1)._headers(False)
+    assert "Authorization" not in Client("http://127.0.0.1:1", 1)._headers(False)
 
 
 def test_probe_module_uses_only_the_standard_library() -> None:

@@ -35,13 +35,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from minicpmv_ascend import roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_USAGE = 2
 VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
@@ -358,27 +357,20 @@ def add_image_tokens(records: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _request(url: str, body: Any = None) -> urllib.request.Request:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    key = _api_key()
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    return request
-
-
-def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(_request(url), timeout=timeout) as response:
-        return json.loads(response.read())
+def _client(base_url: str, timeout: float) -> Client:
+    return Client(base_url.rstrip("/"), timeout, _api_key())
 
 
 def discover(base_url: str, model: str | None) -> tuple[str, str | None]:
     """(served model name, its checkpoint directory as vLLM reports it in /v1/models `root`)."""
     try:
-        data = _get_json(f"{base_url.rstrip('/')}/v1/models")["data"]
-    except (OSError, ValueError, KeyError) as err:
-        raise UsageError(f"--base-url {base_url}: GET /v1/models failed ({err}); start the server first "
+        data = _client(base_url, 5).get_json("/v1/models")["data"]
+    except RequestFailed as err:
+        raise UsageError(f"--base-url {base_url}: GET /v1/models failed ({err.reason}); start the server first "
                          "(make serve) or fix the URL") from None
+    except (KeyError, TypeError):
+        raise UsageError(f"--base-url {base_url}: GET /v1/models failed (the answer is no model list); is it an "
+                         "OpenAI-compatible server?") from None
     if not data:
         raise UsageError(f"--base-url {base_url}: /v1/models lists no model")
     chosen = next((m for m in data if m["id"] == model), None) if model else data[0]
@@ -396,14 +388,15 @@ def check_mm_kwargs_accepted(base_url: str, model: str, cells: Sequence[Cell]) -
     body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
             "mm_processor_kwargs": {"max_slice_nums": 1}}
     try:
-        urllib.request.urlopen(_request(f"{base_url.rstrip('/')}/v1/chat/completions", body), timeout=120).read()
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")
-        if err.code == 400 and "mm_processor_kwargs" in detail:
+        _client(base_url, 120).post_json("/v1/chat/completions", body)
+    except RequestFailed as err:
+        detail = err.body.decode(errors="replace")
+        if err.status == 400 and "mm_processor_kwargs" in detail:
             raise UsageError(f"{base_url} rejects per-request mm_processor_kwargs, which the --modes/--slice-nums "
                              "cells send: start the server with --trust-request-mm-kwargs (e.g. make serve "
                              "ARGS=--trust-request-mm-kwargs), or use --modes default --slice-nums default") from None
-        raise UsageError(f"{base_url}: a one-token chat request failed ({err.code}: {detail[:300]})") from None
+        why = f"{err.status}: {detail[:300]}" if err.status else err.reason
+        raise UsageError(f"{base_url}: a one-token chat request failed ({why})") from None
 
 
 def _checkpoint_dir(path: str | None, flag: str) -> pathlib.Path | None:
@@ -596,10 +589,10 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
         ready = None
         while time.monotonic() - started < args.ready_timeout and proc.poll() is None:
             try:
-                if served in {m["id"] for m in _get_json(f"{base_url}/v1/models", 2)["data"]}:
+                if served in {m["id"] for m in _client(base_url, 2).get_json("/v1/models")["data"]}:
                     ready = time.monotonic() - started
                     break
-            except (OSError, ValueError, KeyError):
+            except (RequestFailed, KeyError, TypeError):
                 pass
             time.sleep(0.25)
         log_text = log_path.read_text(errors="replace")

@@ -50,8 +50,9 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from minicpmv_ascend.bench import REPO, UsageError, _get_json, free_port, machine_load, stop_server
+from minicpmv_ascend.bench import REPO, UsageError, free_port, machine_load, stop_server
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FUZZ_VENV = REPO / ".venv-fuzz"
@@ -175,22 +176,18 @@ def routes_of(schema: dict[str, Any]) -> list[Route]:
     return routes
 
 
-def healthy(base_url: str, headers: dict[str, str]) -> bool:
-    import urllib.request
-
+def healthy(base_url: str, api_key: str | None) -> bool:
     try:
-        request = urllib.request.Request(base_url + "/health", headers=headers)
-        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S) as response:
-            return response.status == 200
-    except OSError:
+        return Client(base_url, HEALTH_TIMEOUT_S, api_key).get("/health")[0] == 200
+    except RequestFailed:
         return False
 
 
 class OwnServer:
     """entrypoint.py on a free port with this environment's settings; restartable."""
 
-    def __init__(self, out: pathlib.Path) -> None:
-        self.out = out
+    def __init__(self, out: pathlib.Path, api_key: str | None) -> None:
+        self.out, self.api_key = out, api_key
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.starts: list[dict[str, Any]] = []
@@ -211,11 +208,11 @@ class OwnServer:
         self.starts.append(record)
         while time.monotonic() - started < READY_TIMEOUT_S and self.proc.poll() is None:
             try:
-                if _get_json(f"{self.base_url}/v1/models", 2)["data"]:
+                if Client(self.base_url, 2, self.api_key).get_json("/v1/models")["data"]:
                     record["ready_s"] = round(time.monotonic() - started, 1)
                     print(f"[fuzz] server ready in {record['ready_s']} s on port {self.port}", file=sys.stderr, flush=True)
                     return
-            except (OSError, ValueError, KeyError):
+            except (RequestFailed, KeyError, TypeError):
                 pass
             time.sleep(0.5)
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
@@ -453,8 +450,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         api_key = api_key_from_env(os.environ)  # VLLM_API_KEY or API_KEY_FILE, as the server reads them
     except ApiKeyError as err:
         raise UsageError(str(err)) from None
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    server = None if args.url else OwnServer(out)
+    server = None if args.url else OwnServer(out, api_key)
     started = time.monotonic()
     report: dict[str, Any] = {
         "profile": profile.name, "seed": args.seed, "phases": list(profile.phases),
@@ -467,7 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.start()
         base_url = args.url.rstrip("/") if args.url else server.base_url
         report["base_url"] = base_url
-        schema = _get_json(f"{base_url}/openapi.json", 10)
+        schema = Client(base_url, 10, api_key).get_json("/openapi.json")
         routes = [r for r in routes_of(schema) if not args.route or any(p in r.label for p in args.route)]
         if not routes:
             raise UsageError(f"no route of {base_url}/openapi.json matches --route {args.route}")
@@ -475,7 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shares = time_shares(routes, minutes)
         restarts = 0
         for index, route in enumerate(routes):
-            if not healthy(base_url, headers):
+            if not healthy(base_url, api_key):
                 report["not_run"] = [r.label for r in routes[index:]]
                 break
             print(f"[fuzz] {index + 1}/{len(routes)} {route.label}", file=sys.stderr, flush=True)
@@ -485,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for failure in failures_of(done):
                 why = known_reason(failure)
                 report["known" if why else "failures"].append({**failure, "known": why} if why else failure)
-            if not healthy(base_url, headers):
+            if not healthy(base_url, api_key):
                 death = culprit(done) or {"route": route.label, "status": None, "curl": None}
                 report["engine_deaths"].append(death)
                 print(f"[fuzz] the server died during {route.label}: {death.get('curl')}", file=sys.stderr, flush=True)
@@ -494,7 +490,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     server.stop()
                     server.start()
                     base_url = report["base_url"] = server.base_url
-        alive = healthy(base_url, headers)
+        alive = healthy(base_url, api_key)
         report["health_after"] = 200 if alive else "no answer"
         report["smoke_after"] = smoke(base_url, args.model) if alive else {"ok": False, "error": "server dead"}
     finally:

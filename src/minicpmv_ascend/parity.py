@@ -34,9 +34,10 @@ import urllib.parse
 from typing import Any, Sequence
 
 from minicpmv_ascend import parity_prompts
-from minicpmv_ascend.parity_prompts import Prompt, PromptError
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
-from minicpmv_ascend.probes import Client, ProbeFailure, png_data_url
+from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.parity_prompts import Prompt, PromptError
+from minicpmv_ascend.probes import png_data_url
 
 REPORT_VERSION = "1"
 TOP_K = 5
@@ -181,7 +182,7 @@ class Endpoint:
         try:
             status, body = self.client.get("/v1/models")
             served = [m["id"] for m in json.loads(body)["data"]]
-        except (ProbeFailure, ValueError, KeyError, TypeError) as exc:
+        except (RequestFailed, ValueError, KeyError, TypeError) as exc:
             raise ParityUsageError(
                 f"{role} {base_url}: GET /v1/models failed ({exc}); check the URL (scheme, host, port, no /v1 "
                 "suffix) and that the server is up and ready"
@@ -227,7 +228,7 @@ class Endpoint:
         ids = response["prompt_token_ids"]
         prompt_logprobs = response.get("prompt_logprobs")
         if not prompt_logprobs:
-            raise ProbeFailure(f"{self.label}: no prompt_logprobs in the response (not a vLLM server?)")
+            raise RequestFailed(self.label, "no prompt_logprobs in the response (not a vLLM server?)")
         dists = {}
         for pos in range(start, len(ids)):
             entries = prompt_logprobs[pos]
@@ -315,7 +316,7 @@ def compare_case(case: ReferenceCase, run, free_tokens: int, confident_gap: floa
         if case.forced is None:
             return result
         forced = run.teacher_force(case.prompt, case.continuation, len(case.greedy.prompt_ids))
-    except ProbeFailure as exc:
+    except RequestFailed as exc:
         if "--trust-request-mm-kwargs" in str(exc):  # vLLM >= 0.32 refuses per-request options by default
             raise ParityUsageError(
                 f"{run.label} refuses the per-request mm_processor_kwargs of prompt {case.prompt.id} "
@@ -691,7 +692,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
             case = reference_case(ref, prompt, max(args.max_tokens, args.free_tokens))
-        except ProbeFailure as exc:
+        except RequestFailed as exc:
             raise ParityUsageError(f"the reference failed on prompt {prompt.id}: {exc}") from exc
         case = dataclasses.replace(case, forced=_trim(case.forced, len(case.greedy.prompt_ids) + args.max_tokens))
         cases_out.append({"id": prompt.id, "subset": prompt.subset, "text": prompt.text,
