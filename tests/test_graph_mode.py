@@ -114,10 +114,11 @@ def test_bench_starts_the_launcher_where_no_checkout_is(tmp_path, monkeypatch) -
 PARSE = textwrap.dedent("""\
     import json, sys
     from minicpmv_ascend import settings
+    from minicpmv_ascend.settings import vllm_check
     environ = json.loads(sys.argv[1])
     plan = settings.build_plan(settings.resolve([], environ), environ, "cpu")
     try:
-        parser = settings._vllm_parser()  # vllm serve's parser
+        parser = vllm_check.vllm_parser()  # vllm serve's parser
         kind = "serve"
     except ImportError:  # vLLM 0.23 here: its serve parser needs fastapi; the engine's is enough
         import vllm.platforms
