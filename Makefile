@@ -24,10 +24,10 @@ serve: venv
 
 # Accuracy parity (docs/parity.md) and benchmarks (docs/performance.md); their options go in ARGS.
 parity: venv
-	$(VPY) -m minicpmv_ascend.parity $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.parity $(ARGS)
 
 bench: venv
-	$(VPY) -m minicpmv_ascend.bench $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.bench $(ARGS)
 
 # Two pytest runs: the plugin's backports against vLLM 0.23.0's own code (plugin/tests, in its own
 # venv, about 2 min), then everything else. Both always run; the target fails if either fails.
@@ -112,4 +112,4 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
 # its own server unless ARGS has --url; the report goes to build/fuzz unless ARGS has --out DIR.
 fuzz: venv fuzz-tools
-	$(VPY) -m minicpmv_ascend.fuzz $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.fuzz $(ARGS)

@@ -71,7 +71,7 @@ def _driver_version(root: pathlib.Path) -> str | None:
 
 def build_lines(build_dir: pathlib.Path) -> tuple[list[str], bool]:
     """What the image was built for (its record and table), and what is installed now."""
-    from minicpmv_ascend import targets
+    from minicpmv_ascend.tools import targets
     from minicpmv_ascend_plugin._base import dist_version, vllm_version
 
     record = json.loads((build_dir / "transformers-decision.json").read_text(encoding="utf-8"))

@@ -52,10 +52,10 @@ def test_api_key_mistakes_are_errors_that_say_what_to_do(tmp_path) -> None:
 
 @pytest.mark.parametrize("tool", [
     ["healthcheck/probe.py", "live", "--url", "http://127.0.0.1:9"],
-    ["-m", "minicpmv_ascend.bench", "endpoint", "--base-url", "http://127.0.0.1:9", "--out", "{tmp}"],
-    ["-m", "minicpmv_ascend.parity", "--reference", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9",
+    ["-m", "minicpmv_ascend.tools.bench", "endpoint", "--base-url", "http://127.0.0.1:9", "--out", "{tmp}"],
+    ["-m", "minicpmv_ascend.tools.parity", "--reference", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9",
      "--out", "{tmp}", "--subset", "text"],
-    ["-m", "minicpmv_ascend.fuzz", "--url", "http://127.0.0.1:9", "--out", "{tmp}", "--st", sys.executable],
+    ["-m", "minicpmv_ascend.tools.fuzz", "--url", "http://127.0.0.1:9", "--out", "{tmp}", "--st", sys.executable],
 ])
 def test_every_tool_refuses_both_keys_with_a_usage_error(tool, tmp_path) -> None:
     """The probe and the tools read the key the same way: both set is exit 2 naming both,

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, clean_env
-from minicpmv_ascend import targets
+from minicpmv_ascend.tools import targets
 from test_deploy_support import TARGETS, TARGETS_TABLE, read_env_file
 
 TABLE_FILE = REPO / "deploy" / "ascend-targets.yaml"
@@ -67,8 +67,8 @@ def test_docs_targets_section_is_generated_from_the_table() -> None:
     start = text.index("<!-- targets-table:start")
     body = text[text.index("\n", start) + 1:text.index("<!-- targets-table:end")]
     assert body == targets.markdown(targets.load(TABLE_FILE)), \
-        "regenerate: python -m minicpmv_ascend.targets --markdown (between the targets-table markers)"
-    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.targets", "--markdown"], capture_output=True,
+        "regenerate: python -m minicpmv_ascend.tools.targets --markdown (between the targets-table markers)"
+    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.tools.targets", "--markdown"], capture_output=True,
                          text=True, check=True, env=clean_env()).stdout
     assert out == body
     for tag in TARGETS_TABLE["targets"]:

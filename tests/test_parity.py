@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from conftest import REPO, clean_env, free_port, start_server
-from minicpmv_ascend import parity_prompts
+from minicpmv_ascend.tools import parity_prompts
 
 pytestmark = pytest.mark.server
 
@@ -39,7 +39,7 @@ TINY_MODEL_THRESHOLDS = ("--threshold", "top1_min=0.95")
 def run_parity(out: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     """The command as a user runs it; returns the process and its JSON report (None if none)."""
     process = subprocess.run(
-        [sys.executable, "-m", "minicpmv_ascend.parity", "--out", str(out), *args],
+        [sys.executable, "-m", "minicpmv_ascend.tools.parity", "--out", str(out), *args],
         cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
     )
     report_path = out / "parity.json"

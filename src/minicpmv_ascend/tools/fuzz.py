@@ -50,13 +50,13 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from minicpmv_ascend.bench import REPO, UsageError, free_port, machine_load, stop_server
+from minicpmv_ascend.tools.bench import REPO, UsageError, free_port, machine_load, stop_server
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FUZZ_VENV = REPO / ".venv-fuzz"
-HOOKS_MODULE = "minicpmv_ascend.fuzz_hooks"
+HOOKS_MODULE = "minicpmv_ascend.tools.fuzz_hooks"
 
 # What fuzz_hooks.py caps (see its docstring for why): tokens per choice, choices per request.
 OUTPUT_CAP = 32

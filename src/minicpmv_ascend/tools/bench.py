@@ -38,13 +38,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend import roofline
+from minicpmv_ascend.tools import roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_USAGE = 2
 VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 PERCENTILES = "50,99"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 NATIVE_TILE = (448, 448)  # the vision encoder's native image size: one slice, no splitting
@@ -473,7 +473,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # vLLM 0.32 cannot reload its own AOT artifact on the CPU (docs/performance.md): without AOT the
     # model is traced again at each start but inductor's compiled kernels come from its cache.
     "compiled-noaot": {"kind": "entrypoint", "env": {"ENFORCE_EAGER": "false", "VLLM_USE_AOT_COMPILE": "0"}},
-    # The Ascend graph profile (settings.py compilation_config; docs/deploy-ascend.md): decode-only
+    # The Ascend graph profile (the compilation_config setting; docs/deploy-ascend.md): decode-only
     # ACL graphs, as vllm-ascend's CI runs the Qwen3.5-0.8B backbone. Meant for an NPU.
     "decode-graphs": {"kind": "entrypoint",
                       "env": {"ENFORCE_EAGER": "false", "COMPILATION_CONFIG": '{"cudagraph_mode":"FULL_DECODE_ONLY"}'}},
@@ -826,7 +826,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"minicpmv-bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     result["machine"]["load_end"] = machine_load()
-    from minicpmv_ascend import bench_report
+    from minicpmv_ascend.tools import bench_report
 
     paths = bench_report.write(result, out)
     print("\n".join(f"[bench] wrote {p}" for p in paths), file=sys.stderr)
