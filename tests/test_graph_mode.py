@@ -19,7 +19,7 @@ import yaml
 
 from conftest import REPO, clean_env
 from minicpmv_ascend.settings import ConfigError, build_plan, check_with_vllm, resolve
-from minicpmv_ascend.tools import bench
+from minicpmv_ascend.tools import bench, lifecycle
 
 PROFILE = bench.PROFILES["decode-graphs"]["env"]
 MODEL_ID = {"MODEL_PATH": "OpenBMB/MiniCPM-V-4.6-Thinking", "VLLM_USE_MODELSCOPE": "1"}
@@ -102,13 +102,13 @@ def test_bench_starts_the_launcher_where_no_checkout_is(tmp_path, monkeypatch) -
     profile = bench.make_profile("decode-graphs", {}, "B", tmp_path)
     cmd, env = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
     assert cmd[1] == str(REPO / "entrypoint.py") and env["COMPILATION_CONFIG"] == PROFILE["COMPILATION_CONFIG"]
-    monkeypatch.setattr(bench, "REPO", tmp_path)
+    monkeypatch.setattr(lifecycle, "REPO", tmp_path)
     cmd, _ = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
     assert cmd[1:] == ["-m", "minicpmv_ascend.launcher", "--max-log-len", "10"]
     shown = subprocess.run([cmd[0], "-m", "minicpmv_ascend.launcher", "--help"], capture_output=True, text=True,
                            timeout=60, cwd=tmp_path, env=clean_env())
     assert shown.returncode == 0 and "compilation_config / COMPILATION_CONFIG" in shown.stdout
-    assert bench.VLLM_PROCESS.search(" ".join(cmd))
+    assert lifecycle.VLLM_PROCESS.search(" ".join(cmd))
 
 
 PARSE = textwrap.dedent("""\

@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
+from conftest import REPO, clean_env, start_server
 from helpers_launcher import launcher_env, run_entrypoint
 from test_deploy_support import (
     JOB_TEMPLATES,
@@ -129,22 +128,6 @@ def image_host() -> Iterator[ImageHost]:
     host.close()
 
 
-def wait_ready_with_key(srv: Any, key: str) -> float:
-    """conftest's wait_ready asks /v1/models without a key; this server answers that with 401."""
-    start = time.monotonic()
-    while time.monotonic() - start < SERVER_READY_TIMEOUT_S:
-        if srv.process.poll() is not None:
-            pytest.fail(f"server exited with {srv.process.returncode} before ready:\n{srv.log_tail()}")
-        try:
-            status, body = request(srv.base_url, "/v1/models", key=key, timeout=2)
-            if status == 200 and srv.model in {m["id"] for m in json.loads(body)["data"]}:
-                return time.monotonic() - start
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not ready after {SERVER_READY_TIMEOUT_S} s:\n{srv.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> pathlib.Path:
     """The guarded server's key file, its media directory and a picture outside of it."""
@@ -163,7 +146,8 @@ def guarded(tiny_checkpoint, files):
     srv = start_server(tiny_checkpoint, files / "server.log", API_KEY_FILE=str(files / "api-key"),
                        ALLOWED_LOCAL_MEDIA_PATH=str(files / "media"))
     try:
-        print(f"\nguarded server ready in {wait_ready_with_key(srv, SECRET):.1f} s")
+        # /v1/models needs the key here: without it the server answers 401 however ready it is.
+        print(f"\nguarded server ready in {srv.wait_ready(api_key=SECRET):.1f} s")
         yield srv
     finally:
         srv.stop()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
@@ -31,20 +30,17 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend.tools import roofline
+from minicpmv_ascend.tools import lifecycle, roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_USAGE = 2
-VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
-REPO = pathlib.Path(__file__).resolve().parents[3]
 PERCENTILES = "50,99"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 NATIVE_TILE = (448, 448)  # the vision encoder's native image size: one slice, no splitting
@@ -207,59 +203,6 @@ def build_cells(args: argparse.Namespace) -> list[Cell]:
 # --------------------------------------------------------------------------------------------
 
 
-def _own_pids() -> set[int]:
-    """This process, its descendants, and every process in the sessions of servers we started."""
-    parents: dict[int, int] = {}
-    sessions: dict[int, int] = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(fields[1])
-                sessions[int(entry.name)] = int(fields[3])
-            except (OSError, IndexError, ValueError):
-                continue
-    own = {os.getpid()}
-    own_sessions = set(_OWN_SESSIONS)
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if pid not in own and (ppid in own or sessions.get(pid) in own_sessions):
-                own.add(pid)
-                changed = True
-    return own
-
-
-_OWN_SESSIONS: set[int] = set()
-
-
-def foreign_vllm_processes() -> int:
-    """vLLM processes on this machine that this harness did not start (other users' servers)."""
-    own = _own_pids()
-    count = 0
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in own:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (entry / "comm").read_text()
-        except OSError:
-            continue
-        if VLLM_PROCESS.search(cmdline) or VLLM_PROCESS.search(comm):
-            count += 1
-    return count
-
-
-def machine_load() -> dict[str, Any]:
-    return {"loadavg": [round(v, 2) for v in os.getloadavg()], "foreign_vllm_processes": foreign_vllm_processes(),
-            "time": _now()}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def _api_key() -> str | None:
     """The endpoint's API key (VLLM_API_KEY or API_KEY_FILE); a bad setting is a usage error."""
     try:
@@ -302,7 +245,7 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
     cmd = [sys.executable, "-m", "minicpmv_ascend.vllm_cli",
            *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
-                              "load_before": machine_load()}
+                              "load_before": lifecycle.machine_load()}
     print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     log = raw_dir / f"{cell.slug}.log"
     started = time.monotonic()
@@ -314,7 +257,7 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
         except subprocess.TimeoutExpired:
             returncode = None
     record["wall_s"] = round(time.monotonic() - started, 1)
-    record["load_after"] = machine_load()
+    record["load_after"] = lifecycle.machine_load()
     if returncode != 0 or not result_file.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         why = "timed out" if returncode is None else f"exited with {returncode}"
@@ -419,7 +362,7 @@ def hardware_limits(args: argparse.Namespace) -> dict[str, Any]:
     if all(v is not None for v in given.values()):
         return {"source": "given (--mem-bandwidth-gbs, --matmul-tflops)", **given}
     measured = roofline.measure_hardware(threads=args.threads)
-    measured["load"] = machine_load()
+    measured["load"] = lifecycle.machine_load()
     for key, value in given.items():
         if value is not None:
             measured[key] = value
@@ -515,22 +458,12 @@ def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path
     return Profile(f"{label}:{name}", spec["kind"], env)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served: str,
                    extra_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ) | {"MODEL_PATH": str(checkpoint), "PORT": str(port), "SERVED_MODEL_NAME": served}
     env |= profile.env
     if profile.kind == "entrypoint":
-        # entrypoint.py of a checkout; where this package is installed without one (the Ascend
-        # image, which has the shim at /opt/minicpmv-ascend), the launcher module it runs.
-        script = REPO / "entrypoint.py"
-        launcher_argv = [str(script)] if script.is_file() else ["-m", "minicpmv_ascend.launcher"]
-        return [sys.executable, *launcher_argv, *extra_args], env
+        return lifecycle.entrypoint_command(*extra_args), env
     from minicpmv_ascend import launcher  # the plan entrypoint.py would exec (what --dry-run prints)
 
     try:
@@ -538,22 +471,6 @@ def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served
     except launcher.ConfigError as err:
         raise UsageError(f"profile {profile.label}: {err}") from None
     return plan.command(sys.executable), plan.exec_env(env)
-
-
-def _session_rss_mib(sid: int) -> float:
-    total = 0
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:
-                continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return round(total / 1024, 1)
 
 
 def _compile_cache_state(log_text: str) -> str:
@@ -570,40 +487,30 @@ def _compile_cache_state(log_text: str) -> str:
 
 def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, cells: Sequence[Cell],
                       out: pathlib.Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
+    port = lifecycle.free_port()
     cmd, env = server_command(profile, checkpoint, port, served, args.server_arg)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{index:02d}-{profile.label.replace(':', '-')}.log"
     record: dict[str, Any] = {"profile": profile.label, "index": index, "command": shlex.join(cmd),
-                              "env": profile.env, "log": str(log_path), "load_before": machine_load()}
+                              "env": profile.env, "log": str(log_path), "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
-    with log_path.open("w") as log:
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
-    _OWN_SESSIONS.add(proc.pid)
+    started = time.monotonic()
+    proc = lifecycle.start(cmd, log_path, env)
     record["server_pid"] = proc.pid  # also its process group and session id
     base_url = f"http://127.0.0.1:{port}"
     try:
-        ready = None
-        while time.monotonic() - started < args.ready_timeout and proc.poll() is None:
-            try:
-                if served in {m["id"] for m in _client(base_url, 2).get_json("/v1/models")["data"]}:
-                    ready = time.monotonic() - started
-                    break
-            except (RequestFailed, KeyError, TypeError):
-                pass
-            time.sleep(0.25)
-        log_text = log_path.read_text(errors="replace")
-        record["compile_cache"] = _compile_cache_state(log_text)
+        try:
+            ready = lifecycle.wait_ready(proc, base_url, args.ready_timeout, served, _api_key(), started)
+        except lifecycle.NotReady as err:
+            ready, why = None, str(err)
+        record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         if ready is None:
-            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"not ready in {args.ready_timeout} s"
             record["error"] = f"server {why}; log {log_path}"
             print(f"[bench] start #{index}: {record['error']}", file=sys.stderr, flush=True)
             return record
         record["ready_s"] = round(ready, 2)
-        record["rss_mib_after_ready"] = _session_rss_mib(proc.pid)
+        record["rss_mib_after_ready"] = lifecycle.session_rss_mib(proc.pid)
         print(f"[bench] start #{index}: ready in {ready:.1f} s, RSS {record['rss_mib_after_ready']} MiB",
               file=sys.stderr, flush=True)
         cell_out = out / f"run{index:02d}"
@@ -611,35 +518,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         return record
     finally:
-        stop_server(proc, args.stop_timeout)
-        _OWN_SESSIONS.discard(proc.pid)
-
-
-def stop_server(proc: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM to the server's process group (vLLM's engine core included), SIGKILL if it lingers."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            continue
-        # The API server is gone; give its engine process (same group) a moment, then make sure.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            time.sleep(0.2)
-        if not _group_alive(proc.pid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+        lifecycle.stop(proc, timeout=args.stop_timeout)
 
 
 def _ratio(b: float | None, a: float | None) -> float | None:
@@ -786,8 +665,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     out = pathlib.Path(args.out)
     try:
         _api_key()  # a bad API key setting stops the run before any server or cell starts
-        result: dict[str, Any] = {"kind": args.command, "created": _now(), "argv": list(argv or sys.argv[1:]),
-                                  "machine": {"cpus": os.cpu_count(), "load_start": machine_load()}}
+        result: dict[str, Any] = {"kind": args.command, "created": lifecycle.now(), "argv": list(argv or sys.argv[1:]),
+                                  "machine": {"cpus": os.cpu_count(), "load_start": lifecycle.machine_load()}}
         if args.command == "endpoint":
             cells = build_cells(args)
             model, root = discover(args.base_url, args.model)
@@ -821,11 +700,11 @@ def run(argv: Sequence[str] | None = None) -> int:
                     raise UsageError("--kernel-floor needs --checkpoint DIR (the weights' shapes)")
                 result["kernel_floor"] = [roofline.kernel_floor(checkpoint, threads, batch)
                                           for threads in sorted({1, args.threads}) for batch in (1, 16)]
-                result["kernel_floor_load"] = machine_load()
+                result["kernel_floor_load"] = lifecycle.machine_load()
     except UsageError as err:
         print(f"minicpmv-bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    result["machine"]["load_end"] = machine_load()
+    result["machine"]["load_end"] = lifecycle.machine_load()
     from minicpmv_ascend.tools import bench_report
 
     paths = bench_report.write(result, out)

@@ -50,9 +50,10 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from minicpmv_ascend.tools.bench import REPO, UsageError, free_port, machine_load, stop_server
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.tools import lifecycle
+from minicpmv_ascend.tools.lifecycle import REPO
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FUZZ_VENV = REPO / ".venv-fuzz"
@@ -82,6 +83,10 @@ STOP_TIMEOUT_S = 60
 CHECKS = ("not_a_server_error", "max_response_time", "json_error_body", "no_error_event")
 # Body keys of requests that run the engine (prompt, chat, generation): such routes get more time.
 ENGINE_KEYS = frozenset({"prompt", "messages", "input", "query", "max_tokens", "max_output_tokens"})
+
+
+class UsageError(Exception):
+    """A bad argument or setting: reported in one message, exit code 2."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,31 +202,26 @@ class OwnServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.port = free_port()
-        env = dict(os.environ) | {"PORT": str(self.port)}
+        self.port = lifecycle.free_port()
         log_path = self.out / f"server-{len(self.starts)}.log"
         started = time.monotonic()
-        with log_path.open("w") as log:
-            self.proc = subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], cwd=REPO, env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        record = {"log": str(log_path), "port": self.port, "load": machine_load()}
+        env = dict(os.environ) | {"PORT": str(self.port)}
+        self.proc = lifecycle.start(lifecycle.entrypoint_command(), log_path, env)
+        record = {"log": str(log_path), "port": self.port, "load": lifecycle.machine_load()}
         self.starts.append(record)
-        while time.monotonic() - started < READY_TIMEOUT_S and self.proc.poll() is None:
-            try:
-                if Client(self.base_url, 2, self.api_key).get_json("/v1/models")["data"]:
-                    record["ready_s"] = round(time.monotonic() - started, 1)
-                    print(f"[fuzz] server ready in {record['ready_s']} s on port {self.port}", file=sys.stderr, flush=True)
-                    return
-            except (RequestFailed, KeyError, TypeError):
-                pass
-            time.sleep(0.5)
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        self.stop()
-        raise RuntimeError(f"the server did not become ready (log {log_path}):\n{tail}")
+        try:
+            ready = lifecycle.wait_ready(self.proc, self.base_url, READY_TIMEOUT_S, api_key=self.api_key,
+                                         started=started)
+        except lifecycle.NotReady as err:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            self.stop()
+            raise RuntimeError(f"the server did not become ready: it {err} (log {log_path}):\n{tail}") from None
+        record["ready_s"] = round(ready, 1)
+        print(f"[fuzz] server ready in {record['ready_s']} s on port {self.port}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_server(self.proc, STOP_TIMEOUT_S)
+            lifecycle.stop(self.proc, timeout=STOP_TIMEOUT_S)
             self.proc = None
 
 
@@ -339,13 +339,12 @@ def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds:
     timeout = (seconds or 0) + ROUTE_GRACE_S
     started = time.monotonic()
     timed_out = False
-    with (out / "console.txt").open("w") as console:
-        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            stop_server(proc, 10)
+    proc = lifecycle.start(cmd, out / "console.txt", env, cwd=out)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        lifecycle.stop(proc, timeout=10)
     wall = time.monotonic() - started
     summary: dict[str, Any] = {}
     if (out / "summary.json").exists():
@@ -456,7 +455,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "profile": profile.name, "seed": args.seed, "phases": list(profile.phases),
         "max_examples_per_route_and_cycle": profile.max_examples, "minutes": minutes,
         "response_bound_s": RESPONSE_BOUND_S, "output_cap_tokens": OUTPUT_CAP, "n_cap": N_CAP,
-        "schemathesis": _st_version(st), "load_before": machine_load(), "routes": [], "failures": [],
+        "schemathesis": _st_version(st), "load_before": lifecycle.machine_load(), "routes": [], "failures": [],
         "engine_deaths": [], "not_run": [], "known": []}
     try:
         if server is not None:
