@@ -11,7 +11,8 @@ token ids (`return_token_ids`). Position by position the next-token distribution
 top-1 agreement, "confident flips" (the reference was sure, the run chose otherwise), top-5
 overlap, |delta logprob| of the forced token. A short free-running greedy comparison follows: at
 the first divergence, each side's token must be in the other's top-5. `--floor` is a second healthy
-run (e.g. HF fp32 vs vLLM bf16): the |delta logprob| bars are set relative to it (FACTS §7).
+run (e.g. HF fp32 vs vLLM bf16): the |delta logprob| bars are set relative to it (the thresholds and
+why: docs/design/accuracy.md).
 
 Reference: `hf:DIR` (transformers, fp32, on the CPU, the checkpoint's own chat template and
 processor) or an OpenAI-compatible vLLM base URL. Runs: vLLM base URLs (`prompt_logprobs` and
@@ -61,7 +62,7 @@ class Threshold:
     help: str
 
 
-# FACTS §7; every value can be overridden with --threshold NAME=VALUE.
+# docs/design/accuracy.md, "Thresholds"; every value can be overridden with --threshold NAME=VALUE.
 THRESHOLDS = {
     "prompt_id_mismatches_max": Threshold(0, "prompts whose token ids differ from the reference's"),
     "errors_max": Threshold(0, "prompts whose requests failed"),
@@ -389,7 +390,7 @@ def metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def checks(m: dict[str, Any], floor: dict[str, Any] | None, t: dict[str, float]) -> list[dict[str, Any]]:
-    """Each FACTS §7 bar: name, measured value, limit, passed (None: could not be evaluated)."""
+    """Each bar (docs/design/accuracy.md): name, measured value, limit, passed (None: could not be evaluated)."""
     out = []
 
     def check(name: str, value: Any, limit: Any, passed: bool | None, note: str = "") -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 TABLE_IN_REPO = pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml"
 BUILD_DIR_IN_IMAGE = pathlib.Path("/opt/minicpmv-ascend/build")
-FACTS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
+FACT_FIELDS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
 OPEN = "open"
 
 
@@ -48,7 +48,7 @@ def markdown(table: dict[str, Any]) -> str:
     for tag, target in table["targets"].items():
         name = f"**{tag}** (default)" if tag == table["default"] else tag
         images = "<br>".join(f"`{image_ref(table, tag, v)}` ({v})" for v in variants)
-        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACTS), target["transformers_pin"]]
+        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACT_FIELDS), target["transformers_pin"]]
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines = rows + ["", "Sources:", ""]
     for tag, target in table["targets"].items():
