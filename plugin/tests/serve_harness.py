@@ -1,12 +1,12 @@
-"""vLLM 0.23's own API server loop (`serve_http`, its signal handling, watchdog and
+"""The target vLLM's own API server loop (`serve_http`, its signal handling, watchdog and
 `terminate_if_errored`) around a stand-in engine client, run the way `vllm serve` runs it.
 
-No 0.23 engine can start on a CPU, so the engine client is an `AsyncLLM` without an engine core:
-its `errored` / `is_running` say whether the "engine" died, and its `shutdown()` is vLLM's own.
-`vllm serve`'s `run_server` (`vllm.entrypoints.cli.serve.run_server`) is replaced by one that
-serves a FastAPI app through vLLM 0.23's `serve_http` BEFORE vLLM loads plugins, so the plugin
-wraps it where it would wrap vLLM's. The API server dependencies the 0.23 venv lacks (uvicorn,
-FastAPI, ...) come from the CPU venv, behind the 0.23 venv's own packages.
+No engine of these CUDA wheels can start on a CPU, so the engine client is an `AsyncLLM` without
+an engine core: its `errored` / `is_running` say whether the "engine" died, and its `shutdown()` is
+vLLM's own. `vllm serve`'s `run_server` (`vllm.entrypoints.cli.serve.run_server`) is replaced by one
+that serves a FastAPI app through vLLM's `serve_http` BEFORE vLLM loads plugins, so the plugin
+wraps it where it would wrap vLLM's. uvicorn and FastAPI are in each target's lock, at the CPU
+stack's versions (within both vLLMs' ranges).
 
 Usage: python serve_harness.py PORT death|sigterm
   death    the engine dies 1 s after start (vLLM's watchdog notices within 5 s), no request
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pathlib
 import signal
 import sys
 import threading
@@ -29,15 +28,16 @@ import time
 import urllib.error
 import urllib.request
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.extend(str(p) for p in sorted((REPO / ".venv" / "lib").glob("python3.*/site-packages")))
+import uvloop
+import vllm.entrypoints.cli.serve as cli_serve
+from fastapi import FastAPI
+from vllm.plugins import load_general_plugins
+from vllm.v1.engine.async_llm import AsyncLLM
 
-import uvloop  # noqa: E402
-import vllm.entrypoints.cli.serve as cli_serve  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
-from vllm.entrypoints import launcher  # noqa: E402
-from vllm.plugins import load_general_plugins  # noqa: E402
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+try:  # vLLM >= 0.30
+    from vllm.entrypoints.launchers import launcher
+except ImportError:  # vLLM 0.23
+    from vllm.entrypoints import launcher  # type: ignore[no-redef]
 
 port, mode = int(sys.argv[1]), sys.argv[2]
 result: dict = {}
@@ -91,6 +91,7 @@ async def run_server(args: object) -> None:
         clients.append(client)
         await asyncio.sleep(1)  # the request is in flight
         result["sigterm_at"] = time.monotonic()
+        print(f"SIGTERM at {time.time()}", flush=True)  # wall clock: read by the test if it hangs
         os.kill(os.getpid(), signal.SIGTERM)
 
     task = asyncio.get_running_loop().create_task(scenario())
