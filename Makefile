@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 parity bench
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 parity bench patch-table
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -56,6 +56,11 @@ $(PLUGIN_STAMPS): .venv-%/.installed: requirements/%.lock pyproject.toml scripts
 	.venv-$*/bin/python -m pip install --quiet --no-deps -e .
 	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
 	@touch $@
+
+# The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
+# docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py).
+patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
+	$(VPY) scripts/patch_table.py --write
 
 # The Ascend image runs the launcher, settings and probes on Python 3.12: a small venv with only
 # the package's own dependencies, used by tests/test_python312.py. pyenv's 3.12 when present.

@@ -1,5 +1,5 @@
 """The plugin loaded the way the target's vLLM loads it (every predicate deciding what that vLLM
-needs), its config hooks in that vLLM's VllmConfig, its
+needs, and the patch table's column for it), its config hooks in that vLLM's VllmConfig, its
 reasoning parser against that vLLM's `qwen3`, and the pure decision functions."""
 
 from __future__ import annotations
@@ -82,6 +82,24 @@ def test_loaded_by_vllm_decides_what_this_vllm_needs(loaded, target):
     applied = [n for n in backports if decisions[n] == "applied"]
     skipped = [f"{n} ({out['decisions'][n][1]})" for n in backports if decisions[n] == "skipped"]
     assert f"applied: {', '.join(applied) or 'none'}; skipped: {', '.join(skipped) or 'none'}" in lines[1]
+
+
+def test_patch_table_column_is_this_vllms_decisions(loaded, target):
+    """The generated table in plugin/README.md and docs/deploy-ascend.md says, in this target's
+    column, what this vLLM's predicates decide (`make patch-table` regenerates it)."""
+    import minicpmv_ascend_plugin as plugin
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import patch_table
+
+    out, _ = loaded
+    decided = {"vllm": target.vllm, "patches": [
+        {"name": p.name, "status": out["decisions"][p.name][0], "reason": out["decisions"][p.name][1]}
+        for p in plugin.PATCHES]}
+    title, cells = patch_table.column_title(decided), patch_table.column(decided)
+    for path in patch_table.FILES:
+        table = patch_table.parse(path.read_text(encoding="utf-8"))
+        assert table.get(title) == cells, f"{path.name} is out of date: run `make patch-table`"
 
 
 CONFIG = textwrap.dedent("""
