@@ -81,3 +81,17 @@ def test_patch_table_cpu_column_is_this_vllms_decisions():
     for path in patch_table.FILES:
         assert patch_table.parse(path.read_text(encoding="utf-8")).get(title) == cells, \
             f"{path.name}: run `make patch-table`"
+
+
+def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_checkpoint):
+    """plugin/tests/reasoning_server_cases.json holds what vLLM 0.32's chat server gets from its own
+    `--reasoning-parser minicpmv` (the parser object it builds, with the prompt ids); each target's
+    registered `minicpmv` is held to it in plugin/tests/test_register.py."""
+    from transformers import AutoTokenizer
+
+    sys.path.append(str(REPO / "plugin" / "tests"))
+    import reasoning_harness
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    assert reasoning_harness.server_results("minicpmv", tokenizer) == \
+        reasoning_harness.load_cases(reasoning_harness.SERVER_CASES)

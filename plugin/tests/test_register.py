@@ -170,6 +170,20 @@ def test_reasoning_parsers_match_vllm032_minicpmv(checkpoint, target):
         if want["thinking"] and want["reasoning"] is not None:
             assert got == want  # thinking on: the Thinking template's output is split correctly
     assert [w["output"] for g, w in zip(qwen3, expected) if g != w] == QWEN3_DIFFERS[target.vllm]
+    # Through the parser object vLLM's chat server builds from `--reasoning-parser minicpmv`, with
+    # the prompt ids: 0.32's server results, except where this target's serving path differs.
+    server = reasoning_harness.server_results("minicpmv", tokenizer)
+    server_expected = reasoning_harness.load_cases(reasoning_harness.SERVER_CASES)
+    assert [w["output"] for g, w in zip(server, server_expected) if g != w] == SERVER_DIFFERS[target.vllm]
+
+
+# Where the server path of `minicpmv` differs from vLLM 0.32's (reasoning_server_cases.json).
+SERVER_DIFFERS = {
+    # 0.23's streaming keeps parsing after the prompt's `</think>` and drops a stray block, as its
+    # non-streaming does; 0.32 (and 0.30) stream that block as content.
+    "0.23.0": ["<think>\nstray</think>\n\nvisible"],
+    "0.30.0": [],
+}
 
 
 @pytest.mark.parametrize(("transformers", "has_model", "vllm", "ok"), [
