@@ -52,9 +52,11 @@ def test_processor_version(vllm_code, target):
 def test_image_size_order_1084x820(vllm_code, target, checkpoint):
     """1084x820: 441 vision embeddings; vLLM 0.23 reserves 495 placeholders. Shown end to end:
     processed by vLLM, encoded by vLLM's vision tower, compared with transformers' processor."""
-    from minicpmv_ascend_plugin.image_size_order import Plan
+    from minicpmv_ascend_plugin.image_size_order import Plan, plan
 
     check_predicate(vllm_code, target, "image-size-order")
+    # Decided by calling this vLLM's own methods, not by the release-number fallback.
+    assert plan(vllm_code.module).how == "probe"
     reference = hf_image_ids(hf_processor(checkpoint), 1084, 820)
     expected = reference.count(vllm_code.image_pad_id)
     assert expected == 441
