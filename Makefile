@@ -30,7 +30,8 @@ bench: venv
 	$(VPY) -m minicpmv_ascend.bench $(ARGS)
 
 # pytest runs: the plugin's backports against each Ascend target's own vLLM code (plugin/tests, once
-# per target venv, 2-4 min each), then everything else. All always run; the target fails if any fails.
+# per target venv, 4-7 min each here), then everything else. All always run; the target fails if
+# any fails.
 test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%)
 	@status=0; \
 	for target in $(PLUGIN_TARGETS); do \
@@ -42,8 +43,8 @@ test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%)
 
 # Each Ascend target's vLLM Python code on the CPU (what vllm-ascend's image of that release runs),
 # for the plugin's backport tests: one venv per target of deploy/ascend-targets.yaml, built from its
-# `test_lock` (requirements/vllmXYZ.lock -> .venv-vllmXYZ; tests/test_plugin.py keeps this list and
-# the table in line). About 2.5 minutes cold each with a warm pip cache, then cached.
+# `test_lock` (requirements/vllmXYZ.lock -> .venv-vllmXYZ; tests/test_plugin_targets.py keeps this
+# list and the table in line). 1.5-3.5 minutes cold each with a warm pip cache, then cached.
 PLUGIN_TARGETS := vllm030 vllm023
 PLUGIN_STAMPS := $(PLUGIN_TARGETS:%=.venv-%/.installed)
 $(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
