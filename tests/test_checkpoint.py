@@ -4,6 +4,7 @@ deterministic, peaked, released-model shapes for `full`, and a chat template tha
 from __future__ import annotations
 
 import hashlib
+import sys
 import json
 import pathlib
 
@@ -92,7 +93,49 @@ def test_generation_config_stops_on_im_end(tiny_checkpoint):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
 
 
-@pytest.mark.parametrize("token", ["<think>", "</think>", "<|image_pad|>", "<slice>", "<image_id>"])
+@pytest.mark.parametrize("token", ["<think>", "</think>", "<|image_pad|>", "<slice>", "<image_id>", "<tool_call>",
+                                   "</tool_call>", "<tool_response>", "</tool_response>"])
 def test_special_tokens_are_single_tokens(tiny_checkpoint, token):
     tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
     assert len(tokenizer(token, add_special_tokens=False).input_ids) == 1
+
+
+def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tiny_checkpoint):
+    """Tools in the system turn, an assistant call exactly as vLLM's qwen3_coder parser reads it
+    (the format tests/test_tool_parsing.py feeds the parser), results as <tool_response> in a user
+    turn, the thinking of the current tool loop kept, older thinking dropped."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "plugin" / "tests"))
+    import tool_parsing_harness as harness
+
+    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "options": {"unit": "celsius"}}}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>old</think>\n\nHello."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "I need the tool.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 21}'},
+    ]
+    text = tokenizer.apply_chat_template(messages, tools=harness.TOOLS, add_generation_prompt=True, tokenize=False)
+    system = text[:text.index("<|im_end|>")]
+    assert system.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n")
+    assert json.dumps(harness.TOOLS[0]) in system and system.endswith("</IMPORTANT>\n\nBe brief.")
+    expected_call = harness.call_text("get_weather", city="Paris", options={"unit": "celsius"})
+    assert f"<|im_start|>assistant\n<think>\nI need the tool.\n</think>\n\n{expected_call}<|im_end|>\n" in text
+    assert "<|im_start|>user\n<tool_response>\n{\"temperature\": 21}\n</tool_response><|im_end|>\n" in text
+    assert "<|im_start|>assistant\nHello.<|im_end|>" in text and "old" not in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n")
+    without_tools = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=False)
+    assert without_tools.startswith("<|im_start|>system\nBe brief.<|im_end|>\n") and "# Tools" not in without_tools
+
+
+def test_an_unfinished_thought_continues_the_generation_prompt(tiny_checkpoint):
+    """`continue_final_message` with an assistant message `<think>\\n...` (how the parity tool
+    teacher-forces a reasoning continuation) renders the generation prompt, then the text."""
+    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    user = [{"role": "user", "content": "What is 2+3?"}]
+    prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    continued = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": "<think>\nTwo plus three "}],
+                                              continue_final_message=True, tokenize=False)
+    assert continued == prompt + "Two plus three "

@@ -16,11 +16,13 @@ from conftest import REPO
 from test_deploy_support import (
     RUNTIME_ENV_ALLOWLIST,
     TARGETS,
+    TARGETS_TABLE,
     allowed_env_vars,
     declared_env_vars,
     env_files,
     env_mapping,
     lint_tool,
+    project_image,
     read_env_file,
     run_tool,
 )
@@ -35,13 +37,29 @@ DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/version.info",
     "/etc/ascend_install.info",
 )
-INTERPOLATION = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+# The driver group's id compose requires (`stat -c %g /dev/davinci_manager` on an NPU host).
+TEST_GID = "1234"
+
+
+class RequiredVariableMissing(Exception):
+    pass
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """compose's ${VAR} / ${VAR:-default} substitution, enough for this file."""
+    """compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution, enough for this file.
+    Like compose, the whole file is interpolated, whatever the profiles (so a missing required
+    variable stops every command; docker/compose issue 'profile-gated ${VAR:?}')."""
+    def one(match: re.Match) -> str:
+        name, kind, word = match.groups()
+        if env.get(name):
+            return env[name]
+        if kind == "?":
+            raise RequiredVariableMissing(f"required variable {name} is missing a value: {word}")
+        return word or ""
+
     if isinstance(value, str):
-        return INTERPOLATION.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+        return INTERPOLATION.sub(one, value)
     if isinstance(value, list):
         return [interpolate(v, env) for v in value]
     if isinstance(value, dict):
@@ -50,7 +68,11 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
 
 
 def compose(**env: str) -> dict[str, Any]:
-    return interpolate(yaml.safe_load(COMPOSE.read_text()), env)
+    """compose.yaml as `docker compose config` would see it, with the required group id set
+    (unless the caller passes HWHIAIUSER_GID itself). x- extension fields are dropped."""
+    env.setdefault("HWHIAIUSER_GID", TEST_GID)
+    spec = interpolate(yaml.safe_load(COMPOSE.read_text()), env)
+    return {k: v for k, v in spec.items() if not k.startswith("x-")}
 
 
 def duration_s(text: str) -> float:
@@ -96,27 +118,38 @@ def test_ascend_service_basics() -> None:
     spec = compose()
     service = spec["services"]["minicpmv"]
     assert "profiles" not in service, "the Ascend service is the default one"
-    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "args": {"ASCEND_TARGET": "a2"}}
-    assert service["image"] == "minicpmv-ascend:a2"
+    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "args": {
+        "VLLM_ASCEND_VERSION": TARGETS_TABLE["default"], "ASCEND_TARGET": "a2",
+        "VLLM_ASCEND_IMAGE": TARGETS_TABLE["image"], "PIP_INDEX_URL": ""}}
+    assert service["image"] == project_image("a2")
     assert service["env_file"] == ["env/ascend-a2.env"]
     assert size_bytes(service["shm_size"]) >= 2**30, "FACTS §4: --shm-size 1g or more"
     assert service["restart"] in ("unless-stopped", "always", "on-failure")
-    assert service["group_add"] == ["1000"], "the driver's group (HwHiAiUser) for the non-root user"
+    assert service["group_add"] == [TEST_GID], "the driver's group (HwHiAiUser) for the non-root user"
     assert not service.get("init"), "the image's PID 1 is tini already"
     assert duration_s(service["stop_grace_period"]) >= 30
     # The weights are mounted read-only where MODEL_PATH points.
     assert "./models:/models:ro" in service["volumes"]
     assert env_mapping(REPO / "env" / "ascend-a2.env")["MODEL_PATH"].startswith("/models/")
-    # The published port reaches the port the server listens on.
-    assert service["ports"] == ["8000:8000"]
+    # The published port reaches the port the server listens on, on this host only by default.
+    assert service["ports"] == ["127.0.0.1:8000:8000"]
     assert env_mapping(REPO / "env" / "ascend-a2.env")["PORT"] == "8000"
 
 
 def test_a3_switches_image_and_env_file_together() -> None:
     service = compose(ASCEND_TARGET="a3")["services"]["minicpmv"]
     assert service["build"]["args"]["ASCEND_TARGET"] == "a3"
-    assert service["image"] == "minicpmv-ascend:a3"
+    assert service["image"] == project_image("a3")
     assert service["env_file"] == ["env/ascend-a3.env"]
+
+
+@pytest.mark.parametrize("tag", list(TARGETS_TABLE["targets"]))
+def test_one_variable_selects_the_target(tag: str) -> None:
+    """VLLM_ASCEND_VERSION picks the base image (build argument) and names the image after it."""
+    service = compose(VLLM_ASCEND_VERSION=tag, ASCEND_TARGET="a3")["services"]["minicpmv"]
+    assert {k: service["build"]["args"][k] for k in ("VLLM_ASCEND_VERSION", "ASCEND_TARGET")} == \
+        {"VLLM_ASCEND_VERSION": tag, "ASCEND_TARGET": "a3"}
+    assert service["image"] == project_image("a3", tag)
 
 
 @pytest.mark.parametrize("name", ["minicpmv", "minicpmv-cpu"])
@@ -139,6 +172,67 @@ def test_cpu_profile_service() -> None:
     assert service["env_file"] == ["env/cpu.env"]
     assert "devices" not in service
     assert "./models:/models:ro" in service["volumes"]
+
+
+def test_the_driver_group_is_required_not_defaulted() -> None:
+    """No silent 1000: compose stops on every command until HWHIAIUSER_GID is set, and says where
+    the number comes from (the device node, right even with a custom driver user)."""
+    with pytest.raises(RequiredVariableMissing, match=r"HWHIAIUSER_GID.*stat -c %g /dev/davinci_manager"):
+        compose(HWHIAIUSER_GID="")
+    raw = COMPOSE.read_text()
+    assert "HWHIAIUSER_GID:-" not in raw and "${HWHIAIUSER_GID:?" in raw
+    assert compose(HWHIAIUSER_GID="993")["services"]["npu5"]["group_add"] == ["993"]
+
+
+def test_ports_are_published_on_this_host_only_unless_asked() -> None:
+    """No API key by default: the port stays on 127.0.0.1 until BIND_ADDRESS opens it."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    exposed = compose(BIND_ADDRESS="0.0.0.0", LB_PORT="9000")["services"]
+    assert exposed["minicpmv"]["ports"] == ["0.0.0.0:8000:8000"]
+    assert exposed["lb"]["ports"] == ["0.0.0.0:9000:8080"]
+
+
+def test_base_image_and_pip_index_are_build_arguments_the_dockerfile_declares() -> None:
+    """Where quay.io is slow or blocked: a mirror of the base image and a pip index, from compose."""
+    from test_deploy_support import dockerfile_instructions
+
+    declared = {ins.args.partition("=")[0].strip() for ins in dockerfile_instructions(REPO / "Dockerfile")
+                if ins.name == "ARG"}
+    args = compose(VLLM_ASCEND_IMAGE="m.daocloud.io/quay.io/ascend/vllm-ascend",
+                   PIP_INDEX_URL="https://pypi.org/simple")["services"]["minicpmv"]["build"]["args"]
+    assert args["VLLM_ASCEND_IMAGE"] == "m.daocloud.io/quay.io/ascend/vllm-ascend"
+    assert args["PIP_INDEX_URL"] == "https://pypi.org/simple"
+    assert set(args) <= declared
+
+
+FLEET = ["minicpmv", *(f"npu{n}" for n in range(1, 8))]
+
+
+def test_fleet_profile_one_server_per_card_behind_the_balancer() -> None:
+    services = compose()["services"]
+    cards = []
+    for name in FLEET:
+        service = services[name]
+        devices = {d.split(":")[0] for d in service["devices"]}
+        (card,) = devices - set(NPU_CONTROL_DEVICES)
+        cards.append(card)
+        assert devices - {card} == set(NPU_CONTROL_DEVICES), name
+        # The same server as `minicpmv` but for its card, its profile, its (absent) port, and the
+        # build, which `minicpmv` alone does (the same image, built once).
+        same = {k: v for k, v in service.items() if k not in ("devices", "profiles", "ports", "build")}
+        assert same == {k: v for k, v in services["minicpmv"].items() if k not in ("devices", "ports", "build")}, name
+        assert service.get("profiles") == (None if name == "minicpmv" else ["fleet"])
+        assert ("build" in service) == (name == "minicpmv"), name
+    assert cards == [f"/dev/davinci{n}" for n in range(8)], "eight distinct cards"
+    lb = services["lb"]
+    assert lb["profiles"] == ["fleet"] and sorted(lb["depends_on"]) == sorted(FLEET)
+    assert lb["volumes"] == ["./deploy/compose/nginx-fleet.conf:/etc/nginx/nginx.conf:ro"]
+    assert "unprivileged" in lb["image"], "nginx as a non-root user"
+    conf = (REPO / "deploy" / "compose" / "nginx-fleet.conf").read_text()
+    assert re.findall(r"^\s*server (\w+):8000 ", conf, re.M) == FLEET
+    assert "listen 8080;" in conf and lb["ports"][0].endswith(":8080")
 
 
 def test_env_files_referenced_by_compose_exist() -> None:

@@ -5,6 +5,7 @@ right modes, graceful termination, volumes, settings equal to env/ascend-<target
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -13,8 +14,12 @@ import yaml
 from conftest import REPO
 from test_deploy_support import (
     APP_DIR,
+    JOB_TEMPLATES,
     K8S,
     OVERLAYS,
+    VOLCANO,
+    by_name,
+    pod_templates,
     allowed_env_vars,
     by_kind,
     copy_map,
@@ -23,7 +28,9 @@ from test_deploy_support import (
     final_stage,
     lint_tool,
     one,
+    project_image,
     render_everything,
+    render_kustomization,
     run_tool,
     server_container,
 )
@@ -31,7 +38,8 @@ from test_deploy_support import (
 # Oldest and newest Kubernetes versions whose schemas kubernetes-validate 1.37 ships (1.25 is
 # out of support everywhere; 1.27 is still found on managed clusters such as CCE).
 K8S_VERSIONS = ("1.27.0", "1.37.0")
-NPU_RESOURCE = {"a2": "huawei.com/Ascend910", "a3": "huawei.com/Ascend910", "cce": "huawei.com/ascend-1980"}
+NPU_RESOURCE = {"a2": "huawei.com/Ascend910", "a3": "huawei.com/Ascend910", "cce": "huawei.com/ascend-1980",
+                "cce-a3": "huawei.com/ascend-1980", "autoscaling": "huawei.com/Ascend910"}
 DRIVER_MOUNTS = (
     "/usr/local/dcmi",
     "/usr/local/bin/npu-smi",
@@ -45,7 +53,7 @@ SECRET_ONLY = {"VLLM_API_KEY", "API_KEY_FILE"}
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each overlay, each overlay with every component, and each Job kustomization."""
+    """Each overlay alone, with its components, and with the storage patch."""
     return render_everything(tmp_path_factory)
 
 
@@ -82,8 +90,11 @@ def test_one_npu_per_replica_and_the_image_of_the_target(rendered, overlay: str)
     assert resources["limits"][npu] == "1" and resources["requests"][npu] == "1"
     other = {"huawei.com/Ascend910", "huawei.com/ascend-1980"} - {npu}
     assert not other & (resources["limits"].keys() | resources["requests"].keys())
-    assert container["image"] == f"minicpmv-ascend:{OVERLAYS[overlay]}"
-    assert deployment["spec"]["replicas"] >= 1
+    assert container["image"] == project_image(OVERLAYS[overlay])  # the table's default target
+    if overlay == "autoscaling":  # the HPA owns the count
+        assert "replicas" not in deployment["spec"]
+    else:
+        assert deployment["spec"]["replicas"] >= 1
     # No spare card is assumed: replace pods one at a time rather than surge into Pending.
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
 
@@ -183,10 +194,97 @@ def test_components_driver_mounts_model_hostpath_and_servicemonitor(rendered, ov
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
 
 
+@pytest.mark.parametrize("rendering", [f"{o}+{c}" for o in OVERLAYS for c in ("components", "storage")])
+def test_node_arch_component_pins_the_deployment_and_jobs_to_the_image_architecture(rendered, rendering) -> None:
+    """Atlas servers are usually aarch64: with components/node-arch, every pod template of the
+    Deployment and the Job templates selects kubernetes.io/arch=arm64 (merged into any other selector)."""
+    templates = pod_templates(rendered[rendering])
+    dropped = 1 if rendering.endswith("+components") else 0  # model-hostpath drops the download Job
+    assert len(templates) == 1 + len(JOB_TEMPLATES) - dropped
+    for name, pod in templates:
+        assert pod["nodeSelector"]["kubernetes.io/arch"] == "arm64", name
+    plain = rendering.split("+")[0]
+    assert all("kubernetes.io/arch" not in pod.get("nodeSelector", {}) for _, pod in pod_templates(rendered[plain])), \
+        "the component is opt-in"
+
+
+def test_node_arch_component_keeps_an_existing_selector(tmp_path) -> None:
+    """Merged, not replaced: an overlay's own nodeSelector (e.g. an accelerator label) survives."""
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "a2")], "components": [str(rel / "components" / "node-arch")],
+        "patches": [{"target": {"kind": "Deployment", "name": "minicpmv"}, "patch": yaml.safe_dump({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "minicpmv"},
+            "spec": {"template": {"spec": {"nodeSelector": {"accelerator": "huawei-Ascend910"}}}}})}],
+    }))
+    pod = one(render_kustomization(tmp_path), "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"accelerator": "huawei-Ascend910", "kubernetes.io/arch": "arm64"}
+
+
+def job_pod(docs: list[dict], name: str) -> dict:
+    return by_name(docs, "CronJob", name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_job_templates_never_run_by_themselves(rendered, overlay: str) -> None:
+    """Suspended CronJobs: templates for `kubectl create job --from=cronjob/...`, re-appliable."""
+    for name in JOB_TEMPLATES:
+        cronjob = by_name(rendered[overlay], "CronJob", name)
+        assert cronjob["spec"]["suspend"] is True
+        assert cronjob["spec"]["schedule"] == "0 0 31 2 *", "and a date that never comes"
+        assert "selector" not in cronjob["spec"]["jobTemplate"]["spec"], "Jobs generate their own"
+
+
+@pytest.mark.parametrize("rendering", [f"{o}{c}" for o in OVERLAYS for c in ("", "+components", "+storage")])
+def test_jobs_and_init_container_take_the_servers_image(rendered, rendering: str) -> None:
+    """One `images:` entry in the overlay sets every image: server, its init container, the Jobs."""
+    docs = rendered[rendering]
+    image = server_container(one(docs, "Deployment"))["image"]
+    assert image == project_image(OVERLAYS[rendering.split("+")[0]])
+    for name, pod in pod_templates(docs):
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            assert container["image"] == image, f"{name} {container['name']}"
+
+
+def test_an_overlays_image_reaches_the_jobs(tmp_path) -> None:
+    """A registry image set once (as CCE's SWR example does) reaches the Job templates too."""
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "overlays" / "cce-a3")],
+        "images": [{"name": "minicpmv-ascend", "newName": "swr.example.com/org/minicpmv-ascend",
+                    "newTag": "v0.30.0-a3"}]}))
+    docs = render_kustomization(tmp_path)
+    images = {c["image"] for _, pod in pod_templates(docs) for c in pod.get("initContainers", []) + pod["containers"]}
+    assert images == {"swr.example.com/org/minicpmv-ascend:v0.30.0-a3"}
+
+
+@pytest.mark.parametrize("rendering", [f"{o}{c}" for o in OVERLAYS for c in ("", "+components")])
+def test_the_server_waits_for_complete_weights(rendered, rendering: str) -> None:
+    """An init container runs the model check with --wait on MODEL_PATH, read-only, before vLLM."""
+    docs = rendered[rendering]
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    files = copy_map(final_stage(dockerfile_instructions(REPO / "Dockerfile")))
+    assert init["command"][:2] == ["python3", f"{APP_DIR}/scripts/verify_model_dir.py"]
+    assert files[init["command"][1]] == REPO / "scripts" / "verify_model_dir.py"
+    assert init["command"][2:] == ["--wait", "30", "$(MODEL_PATH)"]
+    configmap = one(docs, "ConfigMap")
+    assert init["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
+    assert configmap["data"]["MODEL_PATH"].startswith("/models/")
+    (mount,) = init["volumeMounts"]
+    server_mounts = {m["mountPath"]: m for m in server_container(deployment)["volumeMounts"]}
+    assert mount == server_mounts["/models"] and mount["readOnly"] is True
+    assert "huawei.com" not in str(init.get("resources")), "no NPU while waiting"
+
+
 def test_smoke_job_runs_the_smoke_probe_against_the_service(rendered) -> None:
-    job = one(rendered["job/smoke"], "Job")
-    service = one(rendered["a2"], "Service")
-    container = job["spec"]["template"]["spec"]["containers"][0]
+    docs = rendered["a2"]
+    container = job_pod(docs, "minicpmv-smoke")["containers"][0]
+    job = by_name(docs, "CronJob", "minicpmv-smoke")["spec"]["jobTemplate"]
+    service = one(docs, "Service")
     script = container["command"][-1]
     env = {e["name"]: e for e in container["env"]}
     url = f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
@@ -198,9 +296,10 @@ def test_smoke_job_runs_the_smoke_probe_against_the_service(rendered) -> None:
     assert "huawei.com/Ascend910" not in str(container["resources"]), "no NPU for a client"
 
 
-def test_download_job_fills_the_models_claim_with_the_images_script(rendered) -> None:
-    job = one(rendered["job/download-weights"], "Job")
-    pod = job["spec"]["template"]["spec"]
+@pytest.mark.parametrize("rendering", ["a2", "a2+storage"])
+def test_download_job_fills_the_models_claim_with_the_images_script(rendered, rendering: str) -> None:
+    docs = rendered[rendering]
+    pod = job_pod(docs, "minicpmv-download-weights")
     container = pod["containers"][0]
     files = copy_map(final_stage(dockerfile_instructions(REPO / "Dockerfile")))
     assert container["command"] == [f"{APP_DIR}/scripts/download_weights.sh", "/models"]
@@ -208,9 +307,129 @@ def test_download_job_fills_the_models_claim_with_the_images_script(rendered) ->
     (mount,) = container["volumeMounts"]
     (volume,) = pod["volumes"]
     assert mount["mountPath"] == "/models" and not mount.get("readOnly")
-    assert volume["persistentVolumeClaim"]["claimName"] == "minicpmv-models"
+    claim = one(docs, "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"] == "minicpmv-models"
     model_path = env_mapping(REPO / "env" / "ascend-a2.env")["MODEL_PATH"]
     assert model_path == "/models/MiniCPM-V-4.6-Thinking", "where the script puts OpenBMB/MiniCPM-V-4.6-Thinking"
+
+
+def test_storage_component_sets_class_and_access_mode_in_one_patch(rendered) -> None:
+    plain, patched = one(rendered["a2"], "PersistentVolumeClaim"), one(rendered["a2+storage"], "PersistentVolumeClaim")
+    assert plain["spec"]["accessModes"] == ["ReadWriteMany"] and "storageClassName" not in plain["spec"]
+    patch = yaml.safe_load((K8S / "components" / "storage" / "pvc-storage.yaml").read_text())
+    assert patched["spec"]["storageClassName"] == patch["spec"]["storageClassName"]
+    assert patched["spec"]["accessModes"] == patch["spec"]["accessModes"] == ["ReadWriteOnce"], "replaced, not merged"
+    assert patched["spec"]["resources"] == plain["spec"]["resources"]
+
+
+def test_model_hostpath_drops_the_claim_and_the_download_job(rendered) -> None:
+    docs = rendered["a2+components"]
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    assert [d["metadata"]["name"] for d in by_kind(docs, "CronJob")] == ["minicpmv-smoke"]
+
+
+@pytest.mark.parametrize("overlay", ["a2", "a3", "autoscaling"])
+def test_volcano_component_makes_the_pods_what_mindcluster_expects(rendered, overlay: str) -> None:
+    docs = rendered[f"{overlay}+components"]
+    template = one(docs, "Deployment")["spec"]["template"]
+    pod = template["spec"]
+    assert pod["schedulerName"] == "volcano"
+    assert template["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
+    assert template["metadata"]["labels"]["fault-scheduling"] == "grace"
+    assert template["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] == "default"
+    expected = {"a2": "module-910b-8", "a3": "module-a3-16"}[OVERLAYS[overlay]]
+    assert pod["nodeSelector"]["accelerator-type"] == expected
+    assert pod["nodeSelector"]["host-arch"] == "huawei-arm"
+    env = {e["name"]: e for e in server_container(one(docs, "Deployment"))["env"]}
+    npu = NPU_RESOURCE[overlay]
+    assert env["ASCEND_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{npu}']"
+    assert npu in server_container(one(docs, "Deployment"))["resources"]["limits"]
+    for name, job in pod_templates(docs)[1:]:
+        assert "schedulerName" not in job, f"{name}: no NPU, the default scheduler"
+    assert "schedulerName" not in one(rendered[overlay], "Deployment")["spec"]["template"]["spec"], "opt-in"
+    assert set(VOLCANO) == {"a2", "a3"}
+
+
+@pytest.mark.parametrize("overlay", ["cce", "cce-a3"])
+def test_cce_with_either_target(rendered, overlay: str) -> None:
+    docs = rendered[overlay]
+    container = server_container(one(docs, "Deployment"))
+    assert container["image"] == project_image(OVERLAYS[overlay])
+    assert container["resources"]["limits"] == {"huawei.com/ascend-1980": "1", "memory": "64Gi"}
+    target = OVERLAYS[overlay]
+    assert one(docs, "ConfigMap")["data"] == one(rendered[target], "ConfigMap")["data"], "the target's settings"
+
+
+def test_autoscaler_scales_the_deployment_on_vllm_queue_metrics(rendered) -> None:
+    docs = rendered["autoscaling"]
+    hpa, deployment = one(docs, "HorizontalPodAutoscaler"), one(docs, "Deployment")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": deployment["metadata"]["name"]}
+    assert "replicas" not in deployment["spec"], "kubectl apply would fight the HPA"
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
+    assert set(metrics) == set(adapter_metric_names().values())
+    max_num_seqs = int(one(docs, "ConfigMap")["data"]["MAX_NUM_SEQS"])
+    assert 0 < float(metrics["vllm_num_requests_running"]["averageValue"]) < max_num_seqs
+    up = hpa["spec"]["behavior"]["scaleUp"]["policies"]
+    assert up == [{"type": "Pods", "value": 1, "periodSeconds": 180}], "one cold start at a time"
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 600
+    assert one(docs, "ServiceMonitor"), "the scrape the metrics come through"
+
+
+def test_autoscaling_must_wrap_the_overlay_not_join_its_components(tmp_path) -> None:
+    """Why overlays/autoscaling builds on overlays/a2: kustomize applies an overlay's own
+    `replicas:` after its components, so inside the overlay the count would come back."""
+    rel = pathlib.Path(os.path.relpath(K8S, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel / "base")], "replicas": [{"name": "minicpmv", "count": 1}],
+        "components": [str(rel / "components" / "autoscaling")]}))
+    assert one(render_kustomization(tmp_path), "Deployment")["spec"]["replicas"] == 1
+
+
+ADAPTER_VALUES = REPO / "deploy" / "prometheus-adapter" / "values.yaml"
+
+
+def adapter_metric_names() -> dict[str, str]:
+    """vLLM's metric name (as /metrics spells it) -> the custom metrics API name the adapter gives."""
+    import re
+
+    out = {}
+    for rule in yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]:
+        series = re.fullmatch(r"([a-z_:]+)\{namespace!=\"\",pod!=\"\"\}", rule["seriesQuery"])
+        assert series, rule["seriesQuery"]
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        assert "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)" == rule["metricsQuery"], "summed over engines"
+        out[series[1]] = re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), series[1])
+    return out
+
+
+def test_servicemonitor_scrapes_a_path_the_api_key_leaves_open(rendered) -> None:
+    """Whatever the access rules become, Prometheus must reach /metrics without the key."""
+    from minicpmv_ascend import access
+
+    public = {(route.path, method) for route in access.PUBLIC_ROUTES for method in route.methods}
+    for rendering in ("a2+components", "autoscaling"):
+        (endpoint,) = one(rendered[rendering], "ServiceMonitor")["spec"]["endpoints"]
+        assert (endpoint["path"], "GET") in public
+        assert "bearerTokenSecret" not in endpoint and "authorization" not in endpoint
+
+
+@pytest.mark.server
+def test_autoscaling_metric_names_are_what_vllm_serves(server) -> None:
+    """The adapter's series exist on a running server's /metrics (no key needed), with the labels
+    the rules rely on, and each is one gauge per engine."""
+    from conftest import http_get
+
+    status, body = http_get(f"{server.base_url}/metrics")
+    assert status == 200
+    text = body.decode()
+    for series in adapter_metric_names():
+        assert f"# TYPE {series} gauge" in text, series
+        lines = [line for line in text.splitlines() if line.startswith(series + "{")]
+        assert lines and all('engine="' in line and f'model_name="{server.model}"' in line for line in lines), lines
 
 
 def test_every_manifest_file_is_used() -> None:
@@ -227,3 +446,16 @@ def test_every_manifest_file_is_used() -> None:
     for path in K8S.rglob("*.yaml"):
         if path.name != "kustomization.yaml":
             assert path.resolve() in listed, f"{path.relative_to(REPO)} is not referenced by a kustomization"
+
+
+def test_rendering_refuses_a_file_outside_the_kustomization(tmp_path) -> None:
+    """What `kubectl apply -k` does, and the tests now too (no LoadRestrictionsNone): the old Job's
+    hint "include ../../base/pvc.yaml yourself" fails; a directory (another kustomization) works."""
+    (tmp_path / "base").symlink_to(K8S / "base")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../base/pvc.yaml"]}))
+    with pytest.raises(AssertionError, match="security; file .* is not in or below"):
+        render_kustomization(job)

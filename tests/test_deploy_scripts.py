@@ -49,8 +49,8 @@ def test_shellcheck_every_shell_script() -> None:
 
 
 def test_shellcheck_the_smoke_jobs_shell() -> None:
-    job = yaml.safe_load((K8S / "jobs" / "smoke" / "job.yaml").read_text())
-    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    job = yaml.safe_load((K8S / "base" / "smoke.yaml").read_text())
+    command = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     result = run_tool(lint_tool("shellcheck"), "--shell=sh", "--format=gcc", "-", input=command[2])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -70,7 +70,8 @@ def test_shellcheck_catches_a_mistake(tmp_path: pathlib.Path) -> None:
 FAKE_MODELSCOPE = textwrap.dedent("""\
     #!{python}
     # Stand-in for `modelscope download --model ID [--revision R] --local_dir DIR`: records its
-    # arguments, prints progress the way the real CLI does (stderr), copies a checkpoint.
+    # arguments, prints progress the way the real CLI does (stderr), copies a checkpoint into new
+    # files (created under the caller's umask, as the real CLI's are).
     import json, os, shutil, sys
     args = sys.argv[1:]
     open(os.environ["FAKE_MODELSCOPE_LOG"], "w").write(json.dumps(args))
@@ -78,7 +79,7 @@ FAKE_MODELSCOPE = textwrap.dedent("""\
     source = os.environ["FAKE_MODELSCOPE_SOURCE"]
     for name in sorted(os.listdir(source)):
         print(f"Downloading [{{name}}]: 100%|##########| 1.00/1.00", file=sys.stderr)
-        shutil.copy(os.path.join(source, name), dest)
+        shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
     if os.environ.get("FAKE_MODELSCOPE_TRUNCATE"):
         path = os.path.join(dest, "model.safetensors")
         os.truncate(path, os.path.getsize(path) // 2)
@@ -129,6 +130,28 @@ def test_download_fails_on_an_incomplete_checkpoint(fake_modelscope, tiny_checkp
     assert "truncated" in result.stderr and "run this script again" in result.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_download_into_a_volume_it_cannot_write_says_how_to_fix_it() -> None:
+    """An NFS-like volume that ignores fsGroup stays owned by its export's user: the download Job
+    (UID 1000) cannot write it. The script stops with exit 2 and the fix, before downloading."""
+    import tempfile
+
+    volume = pathlib.Path(tempfile.mkdtemp(prefix="nfs-like-"))  # root's, mode 0755: as such exports are
+    volume.chmod(0o755)
+    try:
+        # `true` as the CLI: the script must stop before it would run it.
+        environment = clean_env(MODELSCOPE="true", PYTHON=sys.executable, HOME="/nonexistent")
+        result = subprocess.run(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups",
+                                 str(DOWNLOAD), str(volume)], env=environment, capture_output=True,
+                                text=True, timeout=60, cwd="/")
+    finally:
+        shutil.rmtree(volume)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cannot write to {volume}/MiniCPM-V-4.6-Thinking as uid 1000, gid 1000" in result.stderr
+    assert "owner 0:0, mode 755" in result.stderr and "anonuid=1000" in result.stderr
+    assert "downloading" not in result.stdout
+
+
 def test_download_without_modelscope_says_how_to_get_it(tmp_path) -> None:
     result = subprocess.run([str(DOWNLOAD), str(tmp_path)], env=clean_env(MODELSCOPE="no-such-modelscope"),
                             capture_output=True, text=True, timeout=30)
@@ -158,7 +181,8 @@ def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_checkpoin
     shutil.copytree(tiny_checkpoint, broken)
     (broken / "tokenizer.json").unlink()
     result = verify(str(broken))
-    assert result.returncode == 1 and "tokenizer files are missing" in result.stderr
+    # 3, not 1: Python exits 1 on any crash, which must never read as "incomplete".
+    assert result.returncode == 3 and "tokenizer files are missing" in result.stderr
     from minicpmv_ascend import settings  # the same judgement as the server's start-up check
 
     assert settings.checkpoint_problems(broken) and "tokenizer" in settings.checkpoint_problems(broken)[0]

@@ -23,13 +23,23 @@ import yaml
 from conftest import REPO
 
 LINT_BIN = REPO / ".venv-lint" / "bin"
+# The one table of Ascend targets (deploy/ascend-targets.yaml): the Dockerfile, compose, the
+# overlays and the docs are tested against it.
+TARGETS_TABLE = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))
 K8S = REPO / "deploy" / "k8s"
 ENV_DIR = REPO / "env"
 APP_DIR = "/opt/minicpmv-ascend"  # where both images put the files orchestrators call by path
 TARGETS = ("a2", "a3")
-OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2"}  # overlay -> the env/ascend-<target>.env it mirrors
-COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath")
-JOBS = ("smoke", "download-weights")
+# overlay -> the target (env/ascend-<target>.env, image variant) it deploys
+OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2", "cce-a3": "a3", "autoscaling": "a2"}
+# The Volcano component of each target (MindCluster clusters; CCE has its own device plugin).
+VOLCANO = {"a2": "volcano", "a3": "volcano-a3"}
+# Components combined per overlay ("+components"): all that go together. storage and model-hostpath
+# exclude each other (one patches the claim the other deletes): "+storage" renders the first.
+COMPONENTS = ("servicemonitor", "driver-hostpath", "model-hostpath", "node-arch")
+STORAGE_COMPONENTS = ("storage", "node-arch")
+# The base's Job templates (suspended CronJobs: `kubectl create job --from=cronjob/<name>`).
+JOB_TEMPLATES = ("minicpmv-download-weights", "minicpmv-smoke")
 
 # Environment variables that the env files, compose and the Kubernetes server pods may set although
 # they are not settings of the entrypoint: well-known runtime variables, each with why it is there.
@@ -60,6 +70,12 @@ def declared_env_vars() -> set[str]:
     from minicpmv_ascend import settings
 
     return {s.env for s in settings.SETTINGS} | {settings.CONFIG_FILE_ENV}
+
+
+def project_image(variant: str, tag: str | None = None) -> str:
+    """This project's image for a variant (a2, a3) of a target (default: the table's default):
+    `minicpmv-ascend:<vllm-ascend tag>-<variant>`, as compose, the overlays and the docs name it."""
+    return f"minicpmv-ascend:{tag or TARGETS_TABLE['default']}-{variant}"
 
 
 def allowed_env_vars() -> set[str]:
@@ -204,6 +220,85 @@ def image_env(path: pathlib.Path) -> dict[str, str]:
     return env
 
 
+def stage_args(instructions: list[Instruction]) -> dict[str, str]:
+    """The build arguments the final stage declares, with their defaults: what its RUN steps see as
+    environment variables (Docker exports declared ARGs to RUN, not to the running container). A
+    stage's `ARG NAME` without a value takes the default of the global ARG before the first FROM."""
+    first_from = next(i for i, ins in enumerate(instructions) if ins.name == "FROM")
+    defaults: dict[str, str] = {}
+    for ins in instructions[:first_from]:
+        if ins.name == "ARG":
+            name, _, value = ins.args.partition("=")
+            defaults[name.strip()] = value.strip().strip('"')
+    declared: dict[str, str] = {}
+    for ins in final_stage(instructions):
+        if ins.name == "ARG":
+            name, has_value, value = ins.args.partition("=")
+            declared[name.strip()] = value.strip().strip('"') if has_value else defaults.get(name.strip(), "")
+    return declared
+
+
+def run_script(instruction: Instruction) -> str:
+    """A RUN instruction's shell text, without its leading --mount=... options."""
+    assert instruction.name == "RUN"
+    words = instruction.args.split(" ")
+    while words and words[0].startswith("--"):
+        words.pop(0)
+    return " ".join(words).strip()
+
+
+_EXPANSION = re.compile(r"\$\{(\w+)(?::\+([^}]*))?\}|\$(\w+)")
+
+
+def expand(text: str, variables: dict[str, str]) -> str:
+    """The shell's ${VAR}, $VAR and ${VAR:+word} (the forms the Dockerfiles use), from `variables`."""
+    def one(match: re.Match) -> str:
+        name = match[1] or match[3]
+        value = variables.get(name, "")
+        if match[2] is not None:
+            return expand(match[2], variables) if value else ""
+        return value
+    return _EXPANSION.sub(one, text)
+
+
+SHELL_SEPARATORS = {"&&", "||", ";", "|", "(", ")"}
+
+
+def shell_commands(script: str) -> list[tuple[dict[str, str], list[str]]]:
+    """The simple commands of an (already expanded) shell script: (leading VAR=value assignments,
+    argv). Redirections to /dev/null are dropped; anything fancier (other redirections, command
+    substitution) is refused, so a test never misreads a step."""
+    assert "$(" not in script and "`" not in script, f"command substitution in {script!r}"
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    commands, words = [], []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in SHELL_SEPARATORS:
+            if words:
+                commands.append(words)
+            words = []
+        elif token in (">", ">>", "2>", "&>"):
+            assert tokens[i + 1] == "/dev/null", f"redirection to {tokens[i + 1]!r} in {script!r}"
+            i += 1
+        else:
+            assert token not in ("<", "<<", ">&"), f"unsupported shell syntax {token!r} in {script!r}"
+            words.append(token)
+        i += 1
+    if words:
+        commands.append(words)
+    out = []
+    for argv in commands:
+        assignments = {}
+        while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):
+            name, _, value = argv.pop(0).partition("=")
+            assignments[name] = value
+        out.append((assignments, argv))
+    return out
+
+
 def to_host(argv: list[str], files: dict[str, pathlib.Path]) -> list[str]:
     """An image command line, runnable outside the container.
 
@@ -246,14 +341,24 @@ def run_tool(*cmd: str, input: str | None = None, timeout: float = 120) -> subpr
 
 
 def render_kustomization(directory: pathlib.Path) -> list[dict]:
-    result = run_tool(lint_tool("kubectl"), "kustomize", "--load-restrictor", "LoadRestrictionsNone",
-                      str(directory))
+    """`kubectl kustomize` with its default load restrictor, as `kubectl apply -k` runs it: every
+    file a kustomization names must lie in or below its directory (other kustomizations may be
+    anywhere)."""
+    result = run_tool(lint_tool("kubectl"), "kustomize", str(directory))
     assert result.returncode == 0, f"kustomize {directory}: {result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def components_of(overlay: str) -> tuple[str, ...]:
+    """The components that go together on an overlay: the common ones, and its Volcano variant
+    (MindCluster overlays only; autoscaling builds on a2)."""
+    volcano = VOLCANO.get(OVERLAYS[overlay]) if not overlay.startswith("cce") else None
+    common = tuple(c for c in COMPONENTS if not (overlay == "autoscaling" and c == "servicemonitor"))
+    return common + ((volcano,) if volcano else ())
+
+
 def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathlib.Path) -> list[dict]:
-    """The overlay plus components, the way a user's own kustomization would combine them."""
+    """An overlay plus components, the way a user's own kustomization would combine them."""
     tmp.mkdir(parents=True, exist_ok=True)
     rel = pathlib.Path(os.path.relpath(K8S, tmp))
     (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
@@ -266,15 +371,34 @@ def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathl
 
 
 def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
-    """Each overlay, each overlay with every component, and each Job kustomization."""
+    """Each overlay alone, with every component that goes with it ("+components"), and with the
+    storage patch ("+storage"): every Kubernetes object this repository can produce."""
     out = {}
     for overlay in OVERLAYS:
         out[overlay] = render_kustomization(K8S / "overlays" / overlay)
         out[f"{overlay}+components"] = render_with_components(
-            overlay, COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-components"))
-    for job in JOBS:
-        out[f"job/{job}"] = render_kustomization(K8S / "jobs" / job)
+            overlay, components_of(overlay), tmp_path_factory.mktemp(f"{overlay}-components"))
+        out[f"{overlay}+storage"] = render_with_components(
+            overlay, STORAGE_COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-storage"))
     return out
+
+
+def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
+    """(kind/name, pod spec) of every pod template: Deployments and the Job templates (CronJobs)."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            out.append((f"Deployment/{doc['metadata']['name']}", doc["spec"]["template"]["spec"]))
+        elif doc["kind"] == "CronJob":
+            out.append((f"CronJob/{doc['metadata']['name']}",
+                        doc["spec"]["jobTemplate"]["spec"]["template"]["spec"]))
+    return out
+
+
+def by_name(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in docs if d.get("kind") == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.server
 
 def run_example(command: list[str], server: Any, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("VLLM_API_KEY", "OPENAI_API_KEY", "IMAGE", "IMAGE_URL", "THINKING")}
+           if k not in ("VLLM_API_KEY", "OPENAI_API_KEY", "IMAGE", "IMAGE_URL", "THINKING", "TOOL_CHOICE")}
     env.update(server.env, BASE_URL=server.base_url + "/v1", MODEL=server.model,
                MAX_TOKENS=MAX_TOKENS)
     env.update(extra)
@@ -116,7 +116,28 @@ def test_curl_stream(server: Any) -> None:
     assert 0 < chunks[-1]["usage"]["completion_tokens"] <= int(MAX_TOKENS)
 
 
-@pytest.mark.parametrize("script", ["text.sh", "thinking_off.sh", "stream.sh", "image_base64.sh"])
+# Forced calls and schemas with random weights: room for the grammar to write the call or the JSON
+# (whitespace runs up to the plugin's bound of 8 count too), thinking off (its end never comes).
+STRUCTURED = {"MAX_TOKENS": "160", "THINKING": "false"}
+
+
+def test_curl_tools(server: Any) -> None:
+    response = curl_json("tools.sh", server, TOOL_CHOICE="required", **STRUCTURED)
+    call = message_of(response)["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"].strip() in ("Paris", "Beijing", "Shanghai", "Tokyo")
+    none = curl_json("tools.sh", server, TOOL_CHOICE="none", MAX_TOKENS="8")
+    assert not message_of(none).get("tool_calls")
+
+
+def test_curl_json_schema(server: Any) -> None:
+    response = curl_json("json_schema.sh", server, **STRUCTURED)
+    verdict = json.loads(message_of(response)["content"])
+    assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
+
+
+@pytest.mark.parametrize("script", ["text.sh", "thinking_off.sh", "stream.sh", "image_base64.sh", "tools.sh",
+                                    "json_schema.sh"])
 def test_curl_fails_on_errors(server: Any, script: str) -> None:
     wrong_model = run_example(["bash", str(CURL / script)], server, MODEL="no-such-model")
     assert wrong_model.returncode != 0
@@ -209,8 +230,20 @@ def test_python_multi_image(server: Any, openai_client: None) -> None:
     assert int(field(both, "prompt_tokens")) > int(field(one, "prompt_tokens")) + 20
 
 
+def test_python_tools_agent_loop(server: Any, openai_client: None) -> None:
+    output = run_python("tools.py", server, TOOL_CHOICE="required", **STRUCTURED)
+    call = json.loads(field(output, "tool_call").removeprefix("get_weather "))
+    result = json.loads(field(output, "tool_result"))
+    assert result["city"] == call["city"].strip() and "answer" in output  # the model continued
+
+
+def test_python_json_schema(server: Any, openai_client: None) -> None:
+    verdict = json.loads(field(run_python("json_schema.py", server, **STRUCTURED), "json"))
+    assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
+
+
 @pytest.mark.parametrize("script", ["text.py", "thinking_off.py", "stream.py",
-                                    "image_base64.py", "multi_image.py"])
+                                    "image_base64.py", "multi_image.py", "tools.py", "json_schema.py"])
 def test_python_fails_on_errors(server: Any, openai_client: None, script: str) -> None:
     result = run_example([sys.executable, str(PYTHON / script)], server, MODEL="no-such-model")
     assert result.returncode == 1

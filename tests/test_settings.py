@@ -15,7 +15,7 @@ import typing
 import pytest
 from helpers_launcher import SECRET, copy_checkpoint, edit_config
 
-from minicpmv_ascend import settings
+from minicpmv_ascend import settings, tool_calls
 from minicpmv_ascend.settings import SETTINGS, ConfigError, build_plan, check_with_vllm, resolve
 
 CPU = "cpu"
@@ -153,11 +153,16 @@ def test_default_argv(tiny_checkpoint):
         "--uvicorn-log-level": "info",
         "--shutdown-timeout": "30",
         "--allowed-media-domains": settings.MEDIA_FETCHING_OFF,  # media URL fetching off
+        "--tool-call-parser": "qwen3_coder",  # tool calling on by default
+        "--tool-strict-level": "parameter",  # vLLM 0.32 has the flag
     }
     for flag, value in expected.items():
         assert flag_value(args, flag) == value
-    assert {"--enforce-eager", "--no-enable-prefix-caching", "--no-enable-auto-tool-choice"} <= set(args)
-    for absent in ("--tool-call-parser", "--hf-overrides", "--api-key", "--allowed-local-media-path"):
+    assert {"--enforce-eager", "--no-enable-prefix-caching", "--enable-auto-tool-choice"} <= set(args)
+    # The tool-call guard, then the access control, which vLLM adds last: the outermost layer.
+    middleware = [args[i + 1] for i, arg in enumerate(args) if arg == "--middleware"]
+    assert middleware == ["minicpmv_ascend.tool_calls.ToolCallGuard", "minicpmv_ascend.access.AccessControl"]
+    for absent in ("--hf-overrides", "--api-key", "--allowed-local-media-path"):
         assert absent not in args
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
 
@@ -181,11 +186,34 @@ def test_reasoning_parser_auto_none_and_explicit(tiny_checkpoint):
     assert flag_value(plan_for(tiny_checkpoint, REASONING_PARSER="qwen3").vllm_args, "--reasoning-parser") == "qwen3"
 
 
-def test_tool_call_parser_only_with_auto_tool_choice(tiny_checkpoint):
-    plan = plan_for(tiny_checkpoint, ENABLE_AUTO_TOOL_CHOICE="true")
+def test_tool_calling_is_on_by_default_and_can_be_turned_off(tiny_checkpoint):
+    plan = plan_for(tiny_checkpoint)
     assert "--enable-auto-tool-choice" in plan.vllm_args
     assert flag_value(plan.vllm_args, "--tool-call-parser") == "qwen3_coder"
-    check_with_vllm(plan)
+    check_with_vllm(plan)  # vLLM's own parser and tool-parser registry accept the defaults
+    off = plan_for(tiny_checkpoint, ENABLE_AUTO_TOOL_CHOICE="false").vllm_args
+    assert "--no-enable-auto-tool-choice" in off
+    for absent in ("--tool-call-parser", "--tool-strict-level", "minicpmv_ascend.tool_calls.ToolCallGuard"):
+        assert absent not in off
+    assert flag_value(plan_for(tiny_checkpoint, TOOL_STRICT_LEVEL="function").vllm_args, "--tool-strict-level") == "function"
+
+
+def test_tool_call_parser_is_checked_against_vllm_without_importing_it(tiny_checkpoint, monkeypatch):
+    """The cheap source read (every start) agrees with vLLM's registry and names the fix."""
+    from vllm.tool_parsers import ToolParserManager
+
+    assert tool_calls.registered_tool_parsers() == set(ToolParserManager.list_registered())
+    error = error_of(plan_for, tiny_checkpoint, TOOL_CALL_PARSER="qwen3-coder")
+    _assert_error(error, "tool_call_parser", "did you mean 'qwen3_coder'")
+    assert "env TOOL_CALL_PARSER" in error.fix
+    # A parser plugin registers names the source does not show: left to vLLM.
+    plan_for(tiny_checkpoint, ["--tool-parser-plugin", "/x/p.py"], TOOL_CALL_PARSER="mine")
+    # A vLLM without --tool-strict-level (0.30, 0.23): not passed, and refused only when asked for.
+    monkeypatch.setattr(tool_calls, "has_tool_strict_level", lambda: False)
+    assert "--tool-strict-level" not in plan_for(tiny_checkpoint).vllm_args
+    error = error_of(plan_for, tiny_checkpoint, TOOL_STRICT_LEVEL="parameter")
+    _assert_error(error, "tool_strict_level", "remove env TOOL_STRICT_LEVEL")
+    assert "no --tool-strict-level" in error.why
 
 
 def test_hf_overrides_is_passed_as_json(tiny_checkpoint):
@@ -235,6 +263,23 @@ def test_media_fetching_is_off_by_default_and_opened_per_host(tiny_checkpoint, t
     # Redirects could leave the allowed hosts: off unless the operator sets them.
     assert plan.env_defaults["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
     check_with_vllm(plan)
+
+
+def test_public_media_mode_hands_vllm_a_fail_closed_allow_list(tiny_checkpoint):
+    """`public`: vLLM gets an entry no URL host can match (it refuses every URL by itself); the
+    plugin recognises the entry and checks addresses instead (tests/test_security.py)."""
+    from minicpmv_ascend import media_urls
+
+    plan = plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="public")
+    assert flag_value(plan.vllm_args, "--allowed-media-domains") == media_urls.PUBLIC_SENTINEL
+    assert plan.env_defaults["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "1"  # every hop is checked
+    both = plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="public, Images.Internal")
+    at = both.vllm_args.index("--allowed-media-domains")
+    assert both.vllm_args[at + 1:at + 3] == [media_urls.PUBLIC_SENTINEL, "images.internal"]
+    check_with_vllm(both)
+    sentinel = media_urls.PUBLIC_SENTINEL
+    assert " " in sentinel and sentinel != sentinel.lower()  # never a URL's host
+    _assert_error(error_of(resolve, [], {"ALLOWED_MEDIA_DOMAINS": "public,*"}), "allowed_media_domains", "public")
 
 
 def test_media_hosts_are_normalised_the_way_vllm_reads_a_request_url():
@@ -502,7 +547,6 @@ def test_vllm_parser_accepts_the_default_plan(tiny_checkpoint):
         (["--max-log-len", "many"], {}, "command line", "many"),
         (["--enable-log-outputs"], {}, "command line", "--enable-log-requests"),
         ([], {"REASONING_PARSER": "minicpm"}, "reasoning_parser", "did you mean 'minicpmv'"),
-        ([], {"ENABLE_AUTO_TOOL_CHOICE": "1", "TOOL_CALL_PARSER": "qwen3-coder"}, "tool_call_parser", "qwen3_coder"),
     ],
 )
 def test_vllm_parser_errors(tiny_checkpoint, args, env, key, words):
@@ -542,6 +586,10 @@ def test_declarations_match_vllms_parser():
     parser = settings._vllm_parser()
     actions = {option: action for action in parser._actions for option in action.option_strings}
     for s in SETTINGS:
+        if s.emit == "middleware":  # vLLM appends every --middleware (a pass-through one adds to it)
+            assert actions["--middleware"].dest == "middleware" and actions["--middleware"].default == []
+            assert parser.parse_args(["m", "--middleware", "a.B", "--middleware", "c.D"]).middleware == ["a.B", "c.D"]
+            continue
         if s.emit in ("launcher", "positional") or s.name == "api_key_file":
             continue
         action = actions.get(s.flag)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Image chat with the image given by URL: the *server* downloads it, so IMAGE_URL must be
-# reachable from the server (vLLM's --allowed-media-domains may restrict which hosts it fetches).
+# reachable from the server, and the server must allow it (ALLOWED_MEDIA_DOMAINS=public: any public
+# address; off by default).
 #
 #   IMAGE_URL=https://example.org/cat.jpg BASE_URL=http://127.0.0.1:8000/v1 ./image_url.sh "What is this?"
 # Env: IMAGE_URL (required), BASE_URL, MODEL, MAX_TOKENS, VLLM_API_KEY (if the server has one).

@@ -1,5 +1,6 @@
 """Image chat with the image given by URL: the *server* downloads it, so the URL must be reachable
-from the server (vLLM's --allowed-media-domains may restrict which hosts it fetches from).
+from the server, and the server must allow it (ALLOWED_MEDIA_DOMAINS=public: any public
+address; off by default).
 
     IMAGE_URL=https://example.org/cat.jpg python image_url.py ["Your question"]
 

@@ -26,16 +26,25 @@ from types import ModuleType
 from typing import Any
 
 from . import (
+    content_part_400,
     engine_death_exit,
     file_url_400,
+    gdn_one_token_prefill,
     gdn_state_dtype,
+    image_bomb_400,
     image_size_order,
+    json_whitespace,
     max_slice_nums,
     processor_version,
+    public_media_urls,
     reasoning,
+    request_type_400,
+    responses_assistant_content,
     rotary_mrope,
     shutdown_cut_requests,
+    shutdown_drain_503,
     transformers_check,
+    uvicorn_signals,
     vit_merger_flags,
 )
 from ._base import AT_MODEL_IMPORT, AT_REGISTER, MODEL_MODULE, Patch, dist_version, emit, platform_name, vllm_version
@@ -57,6 +66,15 @@ PATCHES: tuple[Patch, ...] = (
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
     file_url_400.PATCH,
+    gdn_one_token_prefill.PATCH,
+    image_bomb_400.PATCH,
+    uvicorn_signals.PATCH,
+    shutdown_drain_503.PATCH,
+    request_type_400.PATCH,
+    content_part_400.PATCH,
+    responses_assistant_content.PATCH,
+    public_media_urls.PATCH,
+    json_whitespace.PATCH,
 )
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 

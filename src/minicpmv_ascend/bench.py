@@ -43,7 +43,7 @@ from typing import Any
 from minicpmv_ascend import roofline
 
 EXIT_USAGE = 2
-VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|VLLM::")
+VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PERCENTILES = "50,99"
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -480,6 +480,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     # vLLM 0.32 cannot reload its own AOT artifact on the CPU (docs/performance.md): without AOT the
     # model is traced again at each start but inductor's compiled kernels come from its cache.
     "compiled-noaot": {"kind": "entrypoint", "env": {"ENFORCE_EAGER": "false", "VLLM_USE_AOT_COMPILE": "0"}},
+    # The Ascend graph profile (settings.py compilation_config; docs/deploy-ascend.md): decode-only
+    # ACL graphs, as vllm-ascend's CI runs the Qwen3.5-0.8B backbone. Meant for an NPU.
+    "decode-graphs": {"kind": "entrypoint",
+                      "env": {"ENFORCE_EAGER": "false", "COMPILATION_CONFIG": '{"cudagraph_mode":"FULL_DECODE_ONLY"}'}},
     "plain": {"kind": "plain", "env": {}},
 }
 
@@ -529,7 +533,11 @@ def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served
     env = dict(os.environ) | {"MODEL_PATH": str(checkpoint), "PORT": str(port), "SERVED_MODEL_NAME": served}
     env |= profile.env
     if profile.kind == "entrypoint":
-        return [sys.executable, str(REPO / "entrypoint.py"), *extra_args], env
+        # entrypoint.py of a checkout; where this package is installed without one (the Ascend
+        # image, which has the shim at /opt/minicpmv-ascend), the launcher module it runs.
+        script = REPO / "entrypoint.py"
+        launcher_argv = [str(script)] if script.is_file() else ["-m", "minicpmv_ascend.launcher"]
+        return [sys.executable, *launcher_argv, *extra_args], env
     from minicpmv_ascend import launcher  # the plan entrypoint.py would exec (what --dry-run prints)
 
     try:

@@ -23,7 +23,8 @@ import sys
 
 # Special tokens in the order Qwen3.5 tokenizers add them, plus MiniCPM-V's layout tokens.
 # (text, special): `special` tokens are dropped by `skip_special_tokens`; the thinking and tool
-# markers are not special in Qwen tokenizers, so the reasoning and tool parsers see them as text.
+# markers (calls and responses) are not special in Qwen tokenizers, so the reasoning and tool parsers
+# see them as text.
 SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True),
     ("<|im_start|>", True),
@@ -34,6 +35,8 @@ SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|video_pad|>", True),
     ("<tool_call>", False),
     ("</tool_call>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
     ("<think>", False),
     ("</think>", False),
     ("<image>", True),
@@ -59,37 +62,125 @@ TOKENIZER_ROLE_TOKENS = {
     "vision_end_token": "<|vision_end|>",
 }
 
-# Thinking-model chat template: the generation prompt opens `<think>` (thinking on by default);
-# `enable_thinking=false` emits an empty think block instead. Images and videos become
-# `<|image_pad|>` / `<|video_pad|>`, which the processor expands into MiniCPM-V's slice layout.
-CHAT_TEMPLATE = r"""{%- set enable_thinking = enable_thinking if enable_thinking is defined else true -%}
-{%- for message in messages -%}
-{{- '<|im_start|>' + message['role'] + '\n' -}}
-{%- if message['content'] is string -%}
-{%- set text = message['content'] -%}
-{%- if message['role'] == 'assistant' and '</think>' in text -%}
-{%- set text = text.split('</think>')[-1].lstrip('\n') -%}
-{%- endif -%}
-{{- text -}}
-{%- else -%}
-{%- for part in message['content'] -%}
-{%- if part['type'] in ('image', 'image_url') -%}
+# Thinking-model chat template. It follows the released MiniCPM-V 4.6 template, which is Qwen3.5's
+# with MiniCPM-V's image markers: the released template could not be read here (no model hub), but
+# ports that recognise it key on Qwen3.5's tool instructions, `tool_call.arguments|items`,
+# `<tool_response>`, `render_content(message.content)` and `<|image_pad|>`; the format is the one
+# vLLM's `qwen3_coder` tool parser reads (vllm-project/recipes models/openbmb/MiniCPM-V-4.6.yaml):
+# - tools go into a system turn (`# Tools`, one JSON object per tool inside <tools>), before the
+#   caller's own system message;
+# - an assistant tool call is `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n
+#   </function>\n</tool_call>` (objects and lists as JSON, everything else as text);
+# - tool results go back in a user turn, each inside <tool_response>...</tool_response>;
+# - reasoning is kept only for the assistant turns after the last real user message (a tool loop);
+# - one addition: an assistant message that is an unfinished thought (`<think>` without `</think>`)
+#   is rendered as written, so that `continue_final_message` continues the generation prompt (the
+#   parity tool teacher-forces a reasoning continuation that way); Qwen3.5's would close an empty
+#   think block before it;
+# - the generation prompt opens `<think>` (thinking on by default); `enable_thinking=false` emits an
+#   empty think block instead.
+# Images and videos become `<|image_pad|>` / `<|video_pad|>`, which the processor expands into
+# MiniCPM-V's slice layout.
+CHAT_TEMPLATE = r"""{%- macro render_content(content, is_system_content=false) -%}
+{%- if content is string -%}
+{{- content -}}
+{%- elif content is iterable and content is not mapping -%}
+{%- for item in content -%}
+{%- if 'image' in item or 'image_url' in item or item.type in ('image', 'image_url') -%}
+{%- if is_system_content -%}{{- raise_exception('System message cannot contain images.') -}}{%- endif -%}
 {{- '<|image_pad|>' -}}
-{%- elif part['type'] in ('video', 'video_url') -%}
+{%- elif 'video' in item or 'video_url' in item or item.type in ('video', 'video_url') -%}
+{%- if is_system_content -%}{{- raise_exception('System message cannot contain videos.') -}}{%- endif -%}
 {{- '<|video_pad|>' -}}
-{%- elif part['type'] == 'text' -%}
-{{- part['text'] -}}
+{%- elif 'text' in item -%}
+{{- item.text -}}
+{%- else -%}
+{{- raise_exception('Unexpected item type in content.') -}}
 {%- endif -%}
+{%- endfor -%}
+{%- elif content is none or content is undefined -%}
+{{- '' -}}
+{%- else -%}
+{{- raise_exception('Unexpected content type.') -}}
+{%- endif -%}
+{%- endmacro -%}
+{%- if not messages -%}{{- raise_exception('No messages provided.') -}}{%- endif -%}
+{%- if tools and tools is iterable and tools is not mapping -%}
+{{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>' -}}
+{%- if messages[0].role == 'system' -%}
+{%- set system = render_content(messages[0].content, true) | trim -%}
+{%- if system -%}{{- '\n\n' + system -}}{%- endif -%}
+{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+{{- '<|im_start|>system\n' + (render_content(messages[0].content, true) | trim) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages | length - 1) -%}
+{%- for message in messages[::-1] -%}
+{%- set index = (messages | length - 1) - loop.index0 -%}
+{%- if ns.multi_step_tool and message.role == 'user' -%}
+{%- set text = render_content(message.content) | trim -%}
+{%- if not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) -%}
+{%- set ns.multi_step_tool = false -%}
+{%- set ns.last_query_index = index -%}
+{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if ns.multi_step_tool -%}{{- raise_exception('No user query found in messages.') -}}{%- endif -%}
+{%- for message in messages -%}
+{%- set content = render_content(message.content) | trim -%}
+{%- if message.role == 'system' -%}
+{%- if not loop.first -%}{{- raise_exception('System message must be at the beginning.') -}}{%- endif -%}
+{%- elif message.role == 'user' -%}
+{{- '<|im_start|>user\n' + content + '<|im_end|>\n' -}}
+{%- elif message.role == 'assistant' -%}
+{%- set reasoning = message.reasoning_content if message.reasoning_content is string else message.reasoning -%}
+{%- if reasoning is not string -%}
+{%- set reasoning = '' -%}
+{%- if '</think>' in content -%}
+{%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') -%}
+{%- set content = content.split('</think>')[-1].lstrip('\n') -%}
+{%- endif -%}
+{%- endif -%}
+{%- if not reasoning and content.startswith('<think>') and '</think>' not in content -%}
+{{- '<|im_start|>assistant\n' + render_content(message.content) -}}
+{%- elif loop.index0 > ns.last_query_index -%}
+{{- '<|im_start|>assistant\n<think>\n' + (reasoning | trim) + '\n</think>\n\n' + content -}}
+{%- else -%}
+{{- '<|im_start|>assistant\n' + content -}}
+{%- endif -%}
+{%- if message.tool_calls and message.tool_calls is iterable and message.tool_calls is not mapping -%}
+{%- for call in message.tool_calls -%}
+{%- set call = call.function if call.function is defined else call -%}
+{%- if not loop.first -%}{{- '\n' -}}{%- elif content | trim -%}{{- '\n\n' -}}{%- endif -%}
+{{- '<tool_call>\n<function=' + call.name + '>\n' -}}
+{%- if call.arguments is defined and call.arguments is mapping -%}
+{%- for name, value in call.arguments | items -%}
+{{- '<parameter=' + name + '>\n' -}}
+{{- value | tojson if value is mapping or (value is sequence and value is not string) else value | string -}}
+{{- '\n</parameter>\n' -}}
+{%- endfor -%}
+{%- endif -%}
+{{- '</function>\n</tool_call>' -}}
 {%- endfor -%}
 {%- endif -%}
 {{- '<|im_end|>\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\n<tool_response>\n' + content + '\n</tool_response>' -}}
+{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+{%- else -%}
+{{- raise_exception('Unexpected message role.') -}}
+{%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\n' -}}
-{%- if enable_thinking -%}
-{{- '<think>\n' -}}
-{%- else -%}
+{%- if enable_thinking is defined and enable_thinking is false -%}
 {{- '<think>\n\n</think>\n\n' -}}
+{%- else -%}
+{{- '<think>\n' -}}
 {%- endif -%}
 {%- endif -%}
 """
@@ -106,6 +197,7 @@ Explain why the sky is blue. Light scatters in the atmosphere; shorter wavelengt
 这是一张图片。图中有一个红色的正方形。请用一句话描述这张图片。谢谢！我们来一步一步地思考。
 def add(a, b): return a + b  # Python code; numbers 0 1 2 3 4 5 6 7 8 9 10 100 1000 2026
 {"name": "get_weather", "arguments": {"city": "Beijing"}} <function=get_weather> </function>
+<parameter=city> Paris </parameter> What is the weather in Paris? {"temperature": 21, "unit": "celsius"}
 """
 
 

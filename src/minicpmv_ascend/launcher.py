@@ -244,8 +244,9 @@ def only_vllm_can_judge(resolution: settings.Resolution) -> bool:
     Pass-through flags (which may be mistyped, or echo a secret in vLLM's error) and parser names
     are checked here, with this launcher's redaction and exit code 2.
     """
-    parser_names = ("reasoning_parser", "tool_call_parser")
-    return bool(resolution.passthrough) or any(resolution.values[n].source != "default" for n in parser_names)
+    # Parser names, and vLLM's compilation config (its keys and modes are vLLM's to judge).
+    judged_by_vllm = ("reasoning_parser", "tool_call_parser", "compilation_config")
+    return bool(resolution.passthrough) or any(resolution.values[n].source != "default" for n in judged_by_vllm)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

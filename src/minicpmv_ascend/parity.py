@@ -47,7 +47,8 @@ THINK_OPEN = "<think>\n"
 # (`</think>`), and layout or image tokens would be re-read as image placeholders.
 MARKER_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
     "<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>", "<unk>",
 )
 

@@ -13,7 +13,8 @@
 Exit status: 0 healthy, 1 unhealthy (one-line reason on stderr), 2 usage/configuration error.
 
 Only the standard library is used on purpose: orchestrators run this every few seconds, so it must
-start fast and work in any Python of the image without extra packages.
+start fast and work in any Python of the image without extra packages. It also runs on the hosts'
+Python: 3.7 or newer (Kylin V10 and EulerOS ship 3.7), so no syntax or library call newer than 3.7.
 """
 
 from __future__ import annotations
@@ -172,7 +173,10 @@ def _read_until(response: Any, deadline: float, what: str, timeout: float) -> by
     """Read the body in chunks so a server trickling bytes cannot stretch the time limit
     (the socket timeout alone bounds each read, not the whole response)."""
     parts: list[bytes] = []
-    while chunk := response.read(_READ_CHUNK):
+    while True:  # (no walrus: Python 3.7)
+        chunk = response.read(_READ_CHUNK)
+        if not chunk:
+            break
         parts.append(chunk)
         if time.monotonic() > deadline:
             raise ProbeFailure(f"{what}: timed out after {timeout:g} s reading the response")
@@ -180,7 +184,8 @@ def _read_until(response: Any, deadline: float, what: str, timeout: float) -> by
 
 
 def _describe_os_error(reason: object, timeout: float) -> str:
-    if isinstance(reason, TimeoutError):
+    # socket.timeout is TimeoutError from Python 3.10 on, a distinct OSError before.
+    if isinstance(reason, (TimeoutError, socket.timeout)):
         return f"timed out after {timeout:g} s"
     if isinstance(reason, ConnectionRefusedError):
         # vLLM binds its port at once but listens only when the model is loaded: during the
@@ -516,9 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_parser("ready", parents=[common], help="live, and /v1/models lists the model")
     smoke = modes.add_parser("smoke", parents=[common],
                              help="a text and an image chat completion, checked")
-    smoke.add_argument("--expect-reasoning", action=argparse.BooleanOptionalAction, default=True,
+    # (argparse.BooleanOptionalAction is Python 3.9+: the two flags by hand.)
+    smoke.add_argument("--expect-reasoning", dest="expect_reasoning", action="store_true",
+                       default=True,
                        help="the server runs a reasoning parser: check that thinking goes to "
                        "'reasoning' and thinking-off has none (default: on)")
+    smoke.add_argument("--no-expect-reasoning", dest="expect_reasoning", action="store_false",
+                       help="the server runs without a reasoning parser")
     smoke.add_argument("--max-tokens", type=_positive(int), default=16,
                        help="max_tokens of the shape checks (default: %(default)s)")
     smoke.add_argument("--expect-text-answer", type=_regex, metavar="REGEX",
@@ -539,7 +548,8 @@ def parse_options(argv: Sequence[str] | None) -> argparse.Namespace:
     except UsageError as exc:
         parser.error(str(exc))
     # Accept an OpenAI base URL too: clients are configured with .../v1, the probe wants the root.
-    options.url = url.rstrip("/").removesuffix("/v1")
+    url = url.rstrip("/")
+    options.url = url[:-len("/v1")] if url.endswith("/v1") else url  # (str.removesuffix: 3.9+)
     if not options.url.startswith(("http://", "https://")):
         parser.error(f"--url {url!r} must start with http:// or https://")
     options.timeout = options.timeout or DEFAULT_TIMEOUT[options.mode]

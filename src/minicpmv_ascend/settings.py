@@ -31,6 +31,7 @@ import os
 import pathlib
 import re
 import shlex
+import stat
 import sys
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -39,10 +40,14 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator, TypeAdapter, ValidationError
 
+from minicpmv_ascend import access, media_urls, tool_calls
+
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
 REDACTED = "<redacted>"
-EMBEDDED_CHECKPOINT_NAME = "minicpmv46-tiny-random-seed0"
+# The generator version is part of the name: a cached checkpoint of an older generator (without
+# the tool-calling chat template) is not served for a newer one.
+EMBEDDED_CHECKPOINT_NAME = "minicpmv46-tiny-random-seed0-v2"
 DEFAULT_CACHE_DIR = "~/.cache/minicpmv-ascend"
 REAL_MODEL_HINT = "MODEL_PATH=/path/to/MiniCPM-V-4.6-Thinking"
 
@@ -95,6 +100,7 @@ NonEmpty = Annotated[str, at.MinLen(1)]
 DType = Literal["bfloat16", "float16", "float32"]
 MambaDType = Literal["auto", "float32", "bfloat16", "float16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+ToolStrictLevel = Literal["auto", "function", "parameter"]
 MediaLimits = Annotated[
     dict[Literal["image", "video"], Annotated[int, BeforeValidator(_reject_bool), at.Ge(0)]],
     BeforeValidator(_json_if_str),
@@ -113,7 +119,7 @@ def _media_host(entry: str) -> str:
     """One allowed media host, normalised the way vLLM sees a request URL's host (urllib3:
     lower case, IDNA, IPv6 in brackets), because vLLM compares the two strings exactly."""
     host = entry.strip()
-    if host == "*":
+    if host in ("*", media_urls.PUBLIC):
         return host
     if "://" in host:
         raise ValueError(f"{entry!r} is a URL: give only its host name "
@@ -141,7 +147,8 @@ def _media_host(entry: str) -> str:
 
 def _any_alone(hosts: list[str]) -> list[str]:
     if "*" in hosts and len(hosts) > 1:
-        raise ValueError("* (any host) makes the other host names meaningless: give one or the other")
+        raise ValueError("* (any host) makes the other entries meaningless: give one or the other "
+                         "(public: any host on a public address, the recommended way)")
     return hosts
 
 
@@ -150,8 +157,9 @@ MediaHosts = Annotated[list[Annotated[str, AfterValidator(_media_host)]],
 # vLLM has no switch that turns media URL fetching off: an empty --allowed-media-domains means
 # *every* host. So "off" is an allow-list holding only this entry, which can never equal a URL's
 # host (spaces and parentheses are not allowed in one). vLLM quotes it in its 400 answer, so it
-# doubles as the client's hint.
-MEDIA_FETCHING_OFF = "none (fetching media by URL is off; send images as data: URLs)"
+# doubles as the hint: to the client (send the image inline) and to its operator (the setting).
+MEDIA_FETCHING_OFF = (f"none (fetching image URLs is off: the server setting {media_urls.SETTING_HINT} "
+                      "turns it on; or send the image inline as a data: URL)")
 
 # How a setting reaches vLLM.
 #   value       --flag VALUE (omitted when the effective value is None)
@@ -160,8 +168,9 @@ MEDIA_FETCHING_OFF = "none (fetching media by URL is off; send images as data: U
 #   list        --flag A B (vLLM's nargs="+"; omitted when the effective value is None)
 #   positional  the MODEL argument of `vllm serve`
 #   env         only through the exec'd process's environment (secrets)
+#   middleware  --middleware with the access-control class the value selects (minicpmv_ascend.access)
 #   launcher    used by the launcher itself, never by vLLM
-Emit = Literal["value", "bool", "json", "list", "positional", "env", "launcher"]
+Emit = Literal["value", "bool", "json", "list", "positional", "env", "middleware", "launcher"]
 Source = Literal["default", "yaml", "env", "cli"]
 
 
@@ -176,6 +185,7 @@ class Setting:
     aliases: tuple[str, ...] = ()  # other vLLM spellings that mean this setting (e.g. -tp)
     env_name: str | None = None  # None: the name upper-cased
     secret: bool = False
+    middleware: str | None = None  # emit "bool": an ASGI middleware vLLM gets (--middleware) while true
 
     @property
     def env(self) -> str:
@@ -223,6 +233,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tensor_parallel_size", Count, 1,
             "Devices to shard the model over; must divide the attention head counts.",
             flag="--tensor-parallel-size", aliases=("-tp",)),
+    Setting("data_parallel_size", Count, 1,
+            "Engines in this one server (vLLM's data parallelism), each on its own "
+            "tensor_parallel_size devices, behind one port (vLLM balances requests by their "
+            "queues); the container needs data_parallel_size x tensor_parallel_size devices. For "
+            "this model the kit recommends one server per NPU instead (docs/deploy-ascend.md, "
+            "\"Eight cards\"): one engine's death stops every engine of the server.",
+            flag="--data-parallel-size", aliases=("-dp",)),
     Setting("max_model_len", Count, 8192,
             "Longest context (prompt + output tokens) per request.", flag="--max-model-len"),
     Setting("max_num_seqs", Count, 16, "Most requests batched together.", flag="--max-num-seqs"),
@@ -237,6 +254,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("enforce_eager", bool, True,
             "Run eagerly (no graph capture): faster start, the tested path on Ascend.",
             emit="bool", flag="--enforce-eager"),
+    # The Ascend graph profile (docs/deploy-ascend.md): ENFORCE_EAGER=false plus
+    # COMPILATION_CONFIG={"cudagraph_mode":"FULL_DECODE_ONLY"}, what vllm-ascend's CI runs for the
+    # same Qwen3.5-0.8B backbone (tests/e2e/pull_request/one_card/test_qwen3_5_0_8b.py).
+    Setting("compilation_config", JsonObject, {},
+            "vLLM's compilation config (JSON object). Decode graphs on Ascend, for small models that "
+            "are launch-bound in eager mode: {\"cudagraph_mode\":\"FULL_DECODE_ONLY\"} with "
+            "enforce_eager false (vllm-ascend: Ascend HDK 25.5.1 or newer lifts the old limit on "
+            "captured graphs). A cudagraph_mode with enforce_eager true is refused: vLLM would ignore it.",
+            emit="json", flag="--compilation-config", aliases=("-cc",)),
     Setting("enable_prefix_caching", bool, False,
             "Prefix caching; experimental for hybrid (Gated DeltaNet) models on Ascend.",
             emit="bool", flag="--enable-prefix-caching"),
@@ -251,12 +277,20 @@ SETTINGS: tuple[Setting, ...] = (
             "Dtype of the Gated DeltaNet recurrent state. auto: the checkpoint's "
             "text_config.mamba_ssm_dtype (float32 in the released model), else float32.",
             flag="--mamba-ssm-cache-dtype"),
-    Setting("enable_auto_tool_choice", bool, False,
-            "Let the model call tools (OpenAI `tools`, `tool_choice: auto`).",
-            emit="bool", flag="--enable-auto-tool-choice"),
+    Setting("enable_auto_tool_choice", bool, True,
+            "Tool calling (OpenAI `tools` with `tool_choice` auto, required, a named function or none). "
+            "true also adds the kit's tool-call guard: a call cut by max_tokens or missing a required "
+            "argument is not handed out as a call (docs/applications.md).",
+            emit="bool", flag="--enable-auto-tool-choice", middleware=tool_calls.MIDDLEWARE),
     Setting("tool_call_parser", NonEmpty, "qwen3_coder",
             "Tool-call format (MiniCPM-V 4.6 writes Qwen3-Coder XML); used only with "
-            "enable_auto_tool_choice.", flag="--tool-call-parser"),
+            "enable_auto_tool_choice. Checked against the installed vLLM's parsers.", flag="--tool-call-parser"),
+    Setting("tool_strict_level", ToolStrictLevel, "parameter",
+            "How far forced and automatic tool calls are constrained (vLLM >= 0.32; vLLM 0.30 and 0.23 "
+            "constrain forced calls to the tool's schema themselves): parameter: the call and its "
+            "arguments follow the tool's JSON schema, required fields included; function: only the "
+            "call's shape; auto: vLLM's default (arguments free unless the tool says `strict`).",
+            flag="--tool-strict-level"),
     Setting("hf_overrides", JsonObject, {},
             "Overrides merged into the checkpoint's config.json (JSON object), e.g. the Ascend "
             "M-RoPE fix.", emit="json", flag="--hf-overrides"),
@@ -272,11 +306,14 @@ SETTINGS: tuple[Setting, ...] = (
             "plugin's shutdown-cut-requests fix; docs/reliability.md).",
             flag="--shutdown-timeout"),
     Setting("allowed_media_domains", MediaHosts, [],
-            "Hosts whose http(s) image URLs the server may fetch (comma-separated, exact host names "
-            "as in the URL, e.g. `images.example.com,10.0.0.7`). Empty: fetching media by URL is "
-            "off (no SSRF), clients send images inline as data: URLs; `*`: any host (vLLM's own "
-            "default, not recommended). Redirects are not followed (the launcher sets "
-            "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0 unless you do): vLLM checks only the first URL's host.",
+            "Which http(s) image URLs the server fetches. Empty: none (clients send images inline as "
+            "data: URLs). `public` (recommended to turn URLs on): any host whose addresses are all "
+            "public; loopback, private, link-local, multicast, reserved and cloud metadata addresses are "
+            "refused, for the first URL and every redirect, and the connection goes to the checked "
+            "address. Host names (exact, as in the URL, e.g. `images.example.com,10.0.0.7`): only those "
+            "(vLLM's allow-list; redirects not followed); `public,images.internal` adds listed private "
+            "hosts to public mode. `*`: any host, internal ones included (vLLM's own default, not "
+            "recommended). docs/reliability.md, Media fetching.",
             emit="list", flag="--allowed-media-domains"),
     Setting("allowed_local_media_path", str, "",
             "Server directory whose files clients may send as file:// image URLs (absolute path "
@@ -289,6 +326,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_key_file", str, "",
             "File holding the API key (e.g. a mounted Kubernetes secret); surrounding whitespace "
             "is stripped. Use instead of api_key.", emit="env"),
+    Setting("enable_admin_routes", bool, False,
+            "Serve vLLM's admin and scaling routes (/scale_elastic_ep, /load, /kv_event_sources; the "
+            "dev-mode, profiler and runtime-LoRA routes when vLLM has them on), with the API key. "
+            "false: they answer 403 naming this setting. The key guards every other route too, except "
+            "/health, /ping and /metrics (docs/reliability.md).",
+            emit="middleware"),
     Setting("cache_dir", str, "",
             f"Where the embedded tiny checkpoint is generated (empty: {DEFAULT_CACHE_DIR}).",
             emit="launcher", env_name="MINICPMV_CACHE_DIR"),
@@ -358,7 +401,7 @@ def describe_type(tp: Any) -> str:
         keys, values = get_args(tp)
         return f"JSON object ({describe_type(keys).removeprefix('one of ')} -> {describe_type(values)})"
     if get_origin(tp) is list:
-        return "comma-separated list of host names, or *"  # the only list setting: media hosts
+        return "comma-separated list of host names, public, or *"  # the only list setting: media hosts
     return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(tp, "any")
 
 
@@ -830,9 +873,10 @@ _DEVICES_SEEN = {
 }
 
 
-def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, str]) -> None:
+def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, str],
+                   dev_dir: str | os.PathLike[str] = "/dev") -> None:
     setting, tp = SETTINGS_BY_NAME["tensor_parallel_size"], resolution.values["tensor_parallel_size"]
-    devices = visible_device_count(platform, environ)
+    devices = visible_device_count(platform, environ, dev_dir)
     if devices is None or tp.value <= devices:
         return
     why = f"only {devices} device(s) visible on {platform} ({_DEVICES_SEEN[platform]})"
@@ -841,6 +885,84 @@ def _check_devices(resolution: Resolution, platform: str, environ: Mapping[str, 
                      "Kubernetes device-plugin resource) and check ASCEND_RT_VISIBLE_DEVICES")
     raise _error(setting, tp, why, f"set {_fix_where(setting, tp)} to {devices} or less, or make "
                  "more devices visible to the container")
+
+
+# The Ascend driver's control devices, which every NPU process opens besides its /dev/davinciN
+# (what `docker run --device` passes in vllm-ascend's installation guide).
+ASCEND_CONTROL_DEVICES = ("davinci_manager", "devmm_svm", "hisi_hdc")
+
+
+def _device_ids(value: str) -> list[int] | None:
+    """'0,2-3' -> [0, 2, 3] (the form Ascend Docker Runtime and CANN accept); None if unparsable."""
+    ids: list[int] = []
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            return None
+        first, last = int(match[1]), int(match[2] or match[1])
+        ids += range(first, last + 1)
+    return ids
+
+
+def ascend_device_nodes(environ: Mapping[str, str], dev_dir: str | os.PathLike[str] = "/dev") -> list[pathlib.Path]:
+    """The device nodes an NPU process here will open: its /dev/davinciN and the control devices.
+
+    ASCEND_RT_VISIBLE_DEVICES holds logical ids, i.e. positions among the davinci nodes the
+    container has; ASCEND_VISIBLE_DEVICES (Ascend Docker Runtime) holds the nodes' own numbers.
+    Without either, every davinci node present is used.
+    """
+    root = pathlib.Path(dev_dir)
+    try:
+        present = sorted((p for p in root.iterdir() if re.fullmatch(r"davinci\d+", p.name)),
+                         key=lambda p: int(p.name.removeprefix("davinci")))
+    except OSError:
+        present = []
+    chosen = present
+    logical = _device_ids(environ.get("ASCEND_RT_VISIBLE_DEVICES", ""))
+    numbered = _device_ids(environ.get("ASCEND_VISIBLE_DEVICES", ""))
+    if logical:
+        chosen = [present[i] for i in logical if i < len(present)] or present
+    elif numbered:
+        chosen = [p for p in present if int(p.name.removeprefix("davinci")) in numbered] or present
+    if not chosen:
+        return []  # no NPU at all: _check_devices reports that
+    return chosen + [root / name for name in ASCEND_CONTROL_DEVICES if (root / name).exists()]
+
+
+def _check_device_access(environ: Mapping[str, str], notes: list[str], dev_dir: str | os.PathLike[str] = "/dev") -> None:
+    """On Ascend: this user may read and write every device node it will open.
+
+    The nodes keep the host's numeric owner and group inside a container; a non-root user outside
+    the driver's group (HwHiAiUser) gets `Permission denied` deep in CANN's device init, which an
+    orchestrator restarts forever. Checked here instead, with the GID that fixes it.
+    """
+    nodes = ascend_device_nodes(environ, dev_dir)
+    if nodes:
+        missing = [name for name in ASCEND_CONTROL_DEVICES if not (pathlib.Path(dev_dir) / name).exists()]
+        if missing:
+            notes.append(f"{', '.join('/dev/' + m for m in missing)} missing: NPU initialisation will "
+                         "likely fail (docker run --device /dev/<name>, or Ascend Docker Runtime)")
+    denied = [p for p in nodes if not os.access(p, os.R_OK | os.W_OK)]
+    if not denied:
+        return
+    stats = {p: p.stat() for p in denied}
+    shown = ", ".join(f"/dev/{p.name} (mode {stat.filemode(s.st_mode)}, owner {s.st_uid}:{s.st_gid})"
+                      for p, s in stats.items())
+    user = f"uid {os.getuid()}, groups {','.join(str(g) for g in sorted({os.getgid(), *os.getgroups()}))}"
+    group_ids = sorted({s.st_gid for s in stats.values() if s.st_mode & 0o060 == 0o060})
+    if group_ids:
+        gid = ",".join(map(str, group_ids))
+        fix = (f"run the container with group {gid}, the group that owns the devices (the host's HwHiAiUser: "
+               "`stat -c %g /dev/davinci_manager` on the host prints it): compose "
+               f"HWHIAIUSER_GID={group_ids[0]} (group_add), Kubernetes securityContext.supplementalGroups: "
+               f"[{gid}]; or build the image with --build-arg HWHIAIUSER_GID={group_ids[0]}")
+    else:
+        fix = ("the driver's devices are not group read-writable (installed for root only): reinstall the "
+               "driver for the HwHiAiUser group, or run the container as root as a last resort "
+               "(compose `user: \"0:0\"`, Kubernetes runAsUser: 0 with runAsNonRoot: false)")
+    raise ConfigError("NPU device access", shown, f"the container's {dev_dir} as {user}",
+                      "this user cannot read and write the NPU device nodes it will open, so the NPU "
+                      "would fail to initialise (Permission denied)", fix)
 
 
 def _check_local_media(resolution: Resolution) -> None:
@@ -872,6 +994,17 @@ def _check_platform(resolution: Resolution, platform: str) -> None:
                      f"set {_fix_where(setting, dtype)} to bfloat16")
 
 
+def _check_compilation_config(resolution: Resolution) -> None:
+    config, eager = resolution.values["compilation_config"], resolution.values["enforce_eager"]
+    mode = config.value.get("cudagraph_mode")
+    if eager.value and mode is not None and str(mode).upper() != "NONE":
+        enforce = SETTINGS_BY_NAME["enforce_eager"]
+        raise _error(SETTINGS_BY_NAME["compilation_config"], config,
+                     f"it asks for cudagraph_mode {mode}, but enforce_eager is true (from {eager.origin}): "
+                     "vLLM would run eagerly and capture no graph",
+                     f"set {_fix_where(enforce, eager)} to false for graphs, or remove cudagraph_mode")
+
+
 def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, Any]:
     """Turn auto / none / conditional settings into what vLLM is given (None = not passed)."""
     eff = {name: v.value for name, v in resolution.values.items()}
@@ -884,7 +1017,11 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
         eff["mamba_ssm_cache_dtype"] = declared if declared in ("float32", "bfloat16", "float16") else "float32"
     if not eff["enable_auto_tool_choice"]:
         eff["tool_call_parser"] = None  # vLLM only uses it for automatic tool choice
+    if not eff["enable_auto_tool_choice"] or not tool_calls.has_tool_strict_level():
+        eff["tool_strict_level"] = None  # unused, or a vLLM without the flag (_check_tool_calling)
     hosts = eff["allowed_media_domains"]
+    if media_urls.PUBLIC in hosts:  # the plugin checks addresses; without it vLLM refuses every URL
+        hosts = [media_urls.PUBLIC_SENTINEL, *(h for h in hosts if h != media_urls.PUBLIC)]
     eff["allowed_media_domains"] = None if hosts == ["*"] else (hosts or [MEDIA_FETCHING_OFF])
     local = eff["allowed_local_media_path"]
     # Resolved: vLLM 0.23 compares it with the resolved parents of the requested file.
@@ -892,17 +1029,41 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
     return eff
 
 
+def _check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) -> None:
+    """The tool parser and strict level against the installed vLLM, read from its source (cheap,
+    so on every start; vLLM's own registry is consulted too when parser names are given, see
+    _check_parser_names). Nothing is checked when vLLM's source cannot be read here."""
+    parser, level = effective["tool_call_parser"], resolution.values["tool_strict_level"]
+    known = tool_calls.registered_tool_parsers()
+    plugin = any(_normalise_flag(a.partition("=")[0]) == "--tool-parser-plugin" for a in resolution.passthrough)
+    if parser is not None and known and parser not in known and not plugin:
+        setting, origin = SETTINGS_BY_NAME["tool_call_parser"], resolution.values["tool_call_parser"]
+        close = difflib.get_close_matches(parser, sorted(known), n=1)
+        raise _error(setting, origin, f"this vLLM has no tool call parser named {parser!r}",
+                     f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}set {_fix_where(setting, origin)} "
+                     f"to one of: {', '.join(sorted(known))} (MiniCPM-V 4.6 writes qwen3_coder's format)")
+    if (effective["enable_auto_tool_choice"] and level.source != "default" and _vllm_package_dir() is not None
+            and not tool_calls.has_tool_strict_level()):
+        setting = SETTINGS_BY_NAME["tool_strict_level"]
+        raise _error(setting, level, "this vLLM has no --tool-strict-level (vLLM >= 0.32 has it; 0.30 and "
+                     "0.23 constrain forced calls to the tool's schema without it)",
+                     f"remove {_fix_where(setting, level)}")
+
+
 def setting_argv(setting: Setting, value: Any) -> list[str]:
     """The vLLM flags for one setting's effective value."""
     flag = setting.flag or ""
     if setting.emit == "bool":
-        return [flag if value else "--no-" + flag.removeprefix("--")]
+        middleware = ["--middleware", setting.middleware] if value and setting.middleware else []
+        return [flag if value else "--no-" + flag.removeprefix("--"), *middleware]
     if setting.emit == "json":
         return [flag, json.dumps(value, separators=(",", ":"))] if value else []
     if setting.emit == "list":
         return [flag, *value] if value is not None else []
     if setting.emit == "value" and value is not None:
         return [flag, str(value)]
+    if setting.emit == "middleware":
+        return ["--middleware", access.middleware_path(bool(value))]
     return []  # positional, env, launcher, or not passed
 
 
@@ -926,7 +1087,7 @@ def _package_pythonpath(environ: Mapping[str, str]) -> str | None:
 
 
 def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
-               platform: str | None = None) -> Plan:
+               platform: str | None = None, dev_dir: str | os.PathLike[str] = "/dev") -> Plan:
     """All checks that need no vLLM import; raises ConfigError. Reads the checkpoint's metadata."""
     environ = os.environ if environ is None else environ
     platform = platform or detect_platform()
@@ -948,13 +1109,19 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                      "generates it (checks against its config.json run then)")
     else:
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
-    _check_devices(resolution, platform, environ)
+    _check_devices(resolution, platform, environ, dev_dir)
+    if platform == "ascend":
+        _check_device_access(environ, notes, dev_dir)
     _check_platform(resolution, platform)
+    _check_compilation_config(resolution)
     _check_local_media(resolution)
     effective = _effective(resolution, config)
+    _check_tool_calling(resolution, effective)
     # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
-    # allowed host could lead anywhere (an internal address, SSRF).
-    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
+    # allowed host could lead anywhere (an internal address, SSRF). In public mode every hop is
+    # checked (media_urls), so redirects are followed there.
+    public = media_urls.PUBLIC in resolution["allowed_media_domains"]
+    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0"}
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":
@@ -996,6 +1163,19 @@ def _validate_serve_args(namespace: argparse.Namespace) -> None:
     except ImportError:
         from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args  # type: ignore[no-redef]
     validate_parsed_serve_args(namespace)
+
+
+def _same_config(parsed: Any, expected: Mapping[str, Any]) -> bool:
+    """vLLM parses --compilation-config into its config object (a dict of defaults when absent):
+    every key this launcher passed must have arrived (enums compared by name)."""
+    for key, want in expected.items():
+        got = parsed.get(key) if isinstance(parsed, Mapping) else getattr(parsed, key, None)
+        got = getattr(got, "name", got)
+        if isinstance(got, str) and isinstance(want, str) and got.upper() == want.upper():
+            continue
+        if got != want:
+            return False
+    return True
 
 
 def _same(parsed: Any, expected: Any) -> bool:
@@ -1043,10 +1223,34 @@ def _cli_error(message: str, fix: str, args: Sequence[str], secrets: Sequence[st
     return ConfigError("command line", shown, "the args passed through to vLLM", message, fix)
 
 
+def _check_compilation_config_with_vllm(parser: argparse.ArgumentParser, plan: Plan) -> None:
+    """vLLM's own CompilationConfig judges the JSON (unknown keys, a misspelt cudagraph_mode): its
+    message, attributed to the setting. (A bad mode raises KeyError inside argparse's type
+    conversion, which argparse does not turn into a usage error.)"""
+    config = plan.effective["compilation_config"]
+    if not config:
+        return
+    setting, value = SETTINGS_BY_NAME["compilation_config"], plan.resolution.values["compilation_config"]
+    try:
+        parser.parse_args([plan.model, *setting_argv(setting, config)])
+    except (_VllmRejected, KeyError, TypeError, ValueError) as err:
+        if isinstance(err, KeyError):
+            from vllm.config.compilation import CUDAGraphMode
+
+            why = f"unknown name {err} (cudagraph_mode is one of {', '.join(CUDAGraphMode.__members__)})"
+        else:
+            why = " ".join(str(err).split())
+        raise _error(setting, value, f"vLLM's CompilationConfig rejects it: {why}",
+                     f"correct {_fix_where(setting, value)} (its keys: `python -m minicpmv_ascend.vllm_cli "
+                     "serve --help=CompilationConfig`); the Ascend decode-graph profile is "
+                     '{"cudagraph_mode":"FULL_DECODE_ONLY"}') from None
+
+
 def check_with_vllm(plan: Plan) -> None:
     """Parse the complete command with vLLM's serve parser, as `vllm serve` will."""
     parser = _vllm_parser()
     passthrough = plan.resolution.passthrough
+    _check_compilation_config_with_vllm(parser, plan)
     try:
         namespace = parser.parse_args(plan.vllm_args)
     except _VllmRejected as err:
@@ -1061,13 +1265,14 @@ def check_with_vllm(plan: Plan) -> None:
     # A pass-through abbreviation (--max-model 4096) or dotted form (--limit-mm-per-prompt.image 3)
     # reaches a setting without us seeing it: the listed value would then not be the one used.
     for setting in SETTINGS:
-        if setting.emit in ("launcher",) or setting.name == "api_key_file":
-            continue
+        if setting.emit in ("launcher", "middleware") or setting.name == "api_key_file":
+            continue  # middleware: vLLM appends every --middleware, a pass-through one cannot replace it
         expected = None if setting.emit == "env" else plan.effective[setting.name]
         if setting.emit == "positional":
             expected = plan.model
         parsed = getattr(namespace, setting.dest, None)
-        if not _same(parsed, expected):
+        same = _same_config if setting.name == "compilation_config" else _same
+        if not same(parsed, expected):
             secrets = [str(p) for p in (parsed if isinstance(parsed, list) else [parsed])] if setting.secret else []
             raise _cli_error(
                 f"a pass-through argument sets {setting.name} to {setting.display(parsed)!s} "
@@ -1126,10 +1331,14 @@ def _doc_flag(setting: Setting) -> str:
     if setting.emit == "env":
         # Both API-key settings end up in vLLM's environment, never on its command line.
         return "env `VLLM_API_KEY` of vLLM"
+    if setting.emit == "middleware":
+        on = access.middleware_path(True).rpartition(".")[2]
+        return f"`--middleware {access.middleware_path(False)}` (true: `.{on}`)"
     if setting.emit == "launcher":
         return "- (launcher only)"
     if setting.emit == "bool":
-        return " / ".join(f"`{flag}`" for flag in setting_argv(setting, True) + setting_argv(setting, False))
+        flags = " / ".join(f"`{flag}`" for flag in (setting_argv(setting, True)[0], *setting_argv(setting, False)))
+        return flags + (f" (true: also `--middleware {setting.middleware}`)" if setting.middleware else "")
     return f"`{setting.flag}`"
 
 

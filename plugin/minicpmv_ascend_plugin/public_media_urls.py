@@ -1,0 +1,118 @@
+"""`allowed_media_domains=public`: fetch image URLs from public addresses only.
+
+Gap (vLLM 0.23, 0.30 and 0.32, `vllm/multimodal/media/connector.py`): `--allowed-media-domains`
+compares the URL's host NAME with a list, and redirects are followed to any host unless
+VLLM_MEDIA_URL_ALLOW_REDIRECTS=0 (0.23 - 0.33). A deployment can therefore allow a few named hosts
+or every host; "every public host, and nothing on the cluster's network" (what OpenAI's API does)
+cannot be said. Upstream: vllm-project/vllm#57157 (SSRF to internal and link-local addresses, open);
+address checks with pinned connections are proposed in vllm-project/vllm#57825 and per-hop
+allow-list checks in #55539 (both unmerged); the allow-list itself came with CVE-2025-6242 and the
+redirect switch with #26035.
+
+Fix: the launcher hands vLLM, for `public`, an allow-list holding `media_urls.PUBLIC_SENTINEL` (and
+the hosts listed next to it). For a connector with that entry, this patch skips vLLM's host-name
+check and fetches http(s) URLs with `minicpmv_ascend.media_urls.fetch` instead of vLLM's HTTP
+client: every host of the first URL and of each redirect is resolved once, refused unless all its
+addresses are public (hosts listed next to `public` excepted), and the socket goes to the checked
+address; vLLM's fetch timeout, the redirect switch and a size limit apply. data: and file:// URLs
+stay vLLM's. Without this plugin the same allow-list makes vLLM refuse every URL (fail closed).
+
+Applies when: vLLM's `MediaConnector` has `load_from_url`, `load_from_url_async` and the host-name
+check `_assert_url_in_allowed_media_domains` (0.23 - 0.33). The behaviour only changes for a server
+started with the sentinel, i.e. `allowed_media_domains=public`.
+Delete when: vLLM checks the resolved addresses of every hop and pins the connection itself
+(vllm-project/vllm#57825 or an equivalent is merged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from ._base import AT_REGISTER, Patch, wrap_once
+
+NAME = "public-media-urls"
+
+
+def _public(connector: Any) -> list[str] | None:
+    """The hosts listed next to `public` when this connector runs in public mode, else None."""
+    from minicpmv_ascend.media_urls import PUBLIC_SENTINEL
+
+    hosts = getattr(connector, "allowed_media_domains", None) or []
+    return [h for h in hosts if h != PUBLIC_SENTINEL] if PUBLIC_SENTINEL in hosts else None
+
+
+def _fetch(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
+    from vllm import envs
+
+    from minicpmv_ascend import media_urls
+
+    get_max = getattr(media_io, "get_max_bytes", None)  # vLLM >= 0.30
+    return media_urls.fetch(url, explicit_hosts=_public(connector) or (), timeout=fetch_timeout,
+                            max_bytes=media_urls.max_bytes_from_env(get_max() if get_max else None),
+                            allow_redirects=bool(envs.VLLM_MEDIA_URL_ALLOW_REDIRECTS))
+
+
+def _is_http(url: str) -> bool:
+    return url[:7].lower() == "http://" or url[:8].lower() == "https://"
+
+
+def _assert_allowed(original: Any) -> Any:
+    @functools.wraps(original)
+    def check(self: Any, url_spec: Any) -> None:
+        if _public(self) is None:
+            original(self, url_spec)  # names are checked by media_urls.fetch in public mode
+
+    return check
+
+
+def _load(original: Any) -> Any:
+    @functools.wraps(original)
+    def load(self: Any, url: str, media_io: Any, *, fetch_timeout: Any = None) -> Any:
+        if _public(self) is None or not _is_http(url):
+            return original(self, url, media_io, fetch_timeout=fetch_timeout)
+        return media_io.load_bytes(_fetch(self, url, media_io, fetch_timeout))
+
+    return load
+
+
+def _load_async(original: Any) -> Any:
+    @functools.wraps(original)
+    async def load(self: Any, url: str, media_io: Any, *, fetch_timeout: Any = None) -> Any:
+        if _public(self) is None or not _is_http(url):
+            return await original(self, url, media_io, fetch_timeout=fetch_timeout)
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, _fetch, self, url, media_io, fetch_timeout)
+        return await loop.run_in_executor(None, media_io.load_bytes, data)
+
+    return load
+
+
+def check(_: Any) -> str | None:
+    from vllm.multimodal.media.connector import MediaConnector
+
+    missing = [name for name in ("load_from_url", "load_from_url_async", "_assert_url_in_allowed_media_domains")
+               if not hasattr(MediaConnector, name)]
+    if missing:
+        return f"vLLM's MediaConnector has no {', '.join(missing)} (another layout: public mode not available)"
+    return None
+
+
+def apply(_: Any) -> None:
+    from vllm.multimodal.media.connector import MediaConnector
+
+    wrap_once(MediaConnector, "_assert_url_in_allowed_media_domains", _assert_allowed)
+    wrap_once(MediaConnector, "load_from_url", _load)
+    wrap_once(MediaConnector, "load_from_url_async", _load_async)
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="allowed_media_domains=public: image URLs fetched only from public addresses, each redirect "
+            "checked, the connection pinned to the checked address",
+    upstream="vllm-project/vllm#57157 (open); fix proposed in #57825",
+    check=check,
+    apply=apply,
+)

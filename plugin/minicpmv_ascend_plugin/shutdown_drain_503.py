@@ -1,0 +1,189 @@
+"""During the SIGTERM drain: new requests and /health get 503, cut requests a JSON 503.
+
+Bugs (vLLM 0.23 and 0.32): on SIGTERM vLLM's `serve_http` runs
+`engine_client.shutdown(timeout=--shutdown-timeout)` while uvicorn keeps serving, so that the
+requests in flight can finish (the drain). During the drain:
+1. a new request is still accepted and fails with 500 InternalServerError "cannot schedule new
+   futures after shutdown" (`AsyncLLM.shutdown()` first closes the renderer's thread pool);
+2. `/health` keeps answering 200, so a load balancer keeps sending requests to the server;
+3. a request still running when the drain ends is cut: either vLLM's output handler saw the
+   engine stop (500 "EngineCore encountered an issue", vLLM's JSON) or, with the plugin's
+   `shutdown-cut-requests`, uvicorn cancels it 3 s later and answers 500 with its own plain-text
+   body "Internal Server Error" (not vLLM's JSON error shape); which one is a race.
+No upstream fix (0.23, 0.32).
+
+Fix, in the API server: an ASGI wrapper around vLLM's app (given to uvicorn through
+`uvicorn.Config.load`), switched on when vLLM starts the drain (vLLM's engine client's
+`shutdown`, wrapped on the instance that `serve_http` stops):
+- every new HTTP request but `/metrics` (`/health` included) gets 503 ServiceUnavailableError in
+  vLLM's JSON error shape, with `Connection: close`, at once: "This server is shutting down and
+  accepts no new requests: send the request to another instance.";
+- a request that was running and is cut gets 503 ServiceUnavailableError in vLLM's JSON error
+  shape, whichever way it was cut: "This server shut down before the request finished (it ran
+  longer than --shutdown-timeout allows): send it again, to another instance." (uvicorn's
+  cancellation is answered instead of uvicorn's plain-text 500; vLLM's "EngineCore encountered
+  an issue" 500 is replaced once the drain has started; a stream that already began gets that
+  error as its last event, `data: {"error": ...}` and `data: [DONE]`, as vLLM ends a stream on
+  an error). 503 because the server is unavailable, not broken: the request did nothing wrong
+  and another instance can serve it;
+- requests that finish within --shutdown-timeout, the exit code (0) and the timing are unchanged.
+
+Applies when: vLLM's launcher drains through `engine_client.shutdown` and its `/health` route
+does not know about the shutdown (both read from vLLM's source).
+Delete when: vLLM refuses new requests and fails /health with 503 during its drain, and answers
+cut requests in its JSON error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from typing import Any
+
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_once
+from ._import_hook import when_imported
+
+NAME = "shutdown-drain-503"
+HEALTH_ROUTE = "entrypoints/serve/instrumentator/health.py"  # vLLM 0.23 and 0.32
+OPEN_PATHS = frozenset({"/metrics"})  # still answered during the drain: scrapes see the shutdown
+NEW_REQUEST = ("This server is shutting down and accepts no new requests: send the request to another "
+               "instance.")
+CUT_REQUEST = ("This server shut down before the request finished (it ran longer than --shutdown-timeout "
+               "allows): send it again, to another instance.")
+ENGINE_DEAD = "EngineCore encountered an issue"  # vLLM's EngineDeadError message (0.23, 0.32)
+
+
+def error_body(message: str) -> bytes:
+    """vLLM's error shape (`ErrorResponse`), as its own 503 (queue full) has it."""
+    return json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
+                                 "code": 503}}).encode()
+
+
+async def respond_503(send: Any, message: str) -> None:
+    body = error_body(message)
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def is_engine_dead(body: bytes) -> bool:
+    try:
+        return ENGINE_DEAD in json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+class DrainGuard:
+    """ASGI wrapper of vLLM's app; `draining` turns True when vLLM starts its drain."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.draining = False
+
+    def watch(self, engine_client: Any) -> None:
+        """Turn `draining` on when `serve_http` calls this engine client's `shutdown`."""
+        original = engine_client.shutdown
+
+        @functools.wraps(original)
+        def shutdown(*args: Any, **kwargs: Any) -> Any:
+            self.draining = True
+            return original(*args, **kwargs)
+
+        engine_client.shutdown = shutdown
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.draining and scope.get("path") not in OPEN_PATHS:
+            await respond_503(send, NEW_REQUEST)
+            return
+        sent = {"start": None, "held": None, "body": b"", "complete": False}
+
+        async def guarded_send(message: Any) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                if self.draining and message["status"] == 500:
+                    sent["held"] = message  # vLLM's engine-died answer to a cut request?
+                    return
+                sent["start"] = message
+            elif kind == "http.response.body" and sent["held"] is not None:
+                sent["body"] += message.get("body", b"")
+                if message.get("more_body", False):
+                    return
+                held, body = sent["held"], sent["body"]
+                sent["held"], sent["complete"] = None, True
+                if is_engine_dead(body):
+                    sent["start"] = {"status": 503}
+                    await respond_503(send, CUT_REQUEST)
+                    return
+                sent["start"] = held
+                await send(held)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                sent["complete"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, guarded_send)
+        except asyncio.CancelledError:
+            # uvicorn cancels the requests still open after the drain (shutdown-cut-requests).
+            if not self.draining or sent["complete"]:
+                raise
+            if sent["start"] is None:
+                await respond_503(send, CUT_REQUEST)
+                return
+            headers = dict(sent["start"].get("headers") or [])
+            if not headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                raise
+            event = b"data: " + error_body(CUT_REQUEST) + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+def _load(original: Any) -> Any:
+    @functools.wraps(original)
+    def load(self: Any) -> None:
+        state = getattr(self.app, "state", None)
+        engine_client = getattr(state, "engine_client", None) if state is not None else None
+        if not self.loaded and engine_client is not None and not isinstance(self.app, DrainGuard):
+            guard = DrainGuard(self.app)
+            guard.watch(engine_client)
+            self.app = guard
+        original(self)
+
+    return load
+
+
+def check(_: Any) -> str | None:
+    found = source_of(*API_SERVER_LAUNCHERS)
+    if found is None:
+        return "vLLM has no API server launcher module here"
+    path, source = found
+    if "engine_client.shutdown" not in source or "uvicorn.Config(" not in source:
+        return f"vLLM's {path} does not drain through engine_client.shutdown while uvicorn serves"
+    health = source_of(HEALTH_ROUTE)
+    if health is None:
+        return f"vLLM has no {HEALTH_ROUTE}"
+    if any(word in health[1] for word in ("shutdown", "draining", "shutting")):
+        return f"vLLM's /health ({HEALTH_ROUTE}) knows about the shutdown"
+    return None
+
+
+def apply(_: Any) -> None:
+    # Only processes that import uvicorn (the API server) are affected.
+    when_imported("uvicorn.config", lambda module: wrap_once(module.Config, "load", _load))
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary="during the SIGTERM drain new requests and /health get 503, and cut requests a JSON 503 "
+    "(not 500 'cannot schedule new futures after shutdown', 200, or uvicorn's plain-text 500)",
+    upstream="vLLM's serve_http keeps serving during engine_client.shutdown(timeout) without refusing "
+    "new requests (0.23, 0.32; no fix)",
+    check=check,
+    apply=apply,
+)

