@@ -1,6 +1,6 @@
 """During the SIGTERM drain: new requests and /health get 503, cut requests a JSON 503.
 
-Bugs (vLLM 0.23 and 0.32): on SIGTERM vLLM's `serve_http` runs
+Bugs (vLLM 0.23, 0.30 and 0.32): on SIGTERM vLLM's `serve_http` runs
 `engine_client.shutdown(timeout=--shutdown-timeout)` while uvicorn keeps serving, so that the
 requests in flight can finish (the drain). During the drain:
 1. a new request is still accepted and fails with 500 InternalServerError "cannot schedule new
@@ -10,7 +10,7 @@ requests in flight can finish (the drain). During the drain:
    engine stop (500 "EngineCore encountered an issue", vLLM's JSON) or, with the plugin's
    `shutdown-cut-requests`, uvicorn cancels it 3 s later and answers 500 with its own plain-text
    body "Internal Server Error" (not vLLM's JSON error shape); which one is a race.
-No upstream fix (0.23, 0.32).
+No upstream fix (0.23, 0.30, 0.32).
 
 Fix, in the API server: an ASGI wrapper around vLLM's app (given to uvicorn through
 `uvicorn.Config.load`), switched on when vLLM starts the drain (vLLM's engine client's
@@ -45,13 +45,13 @@ from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_onc
 from ._import_hook import when_imported
 
 NAME = "shutdown-drain-503"
-HEALTH_ROUTE = "entrypoints/serve/instrumentator/health.py"  # vLLM 0.23 and 0.32
+HEALTH_ROUTE = "entrypoints/serve/instrumentator/health.py"  # vLLM 0.23, 0.30 and 0.32
 OPEN_PATHS = frozenset({"/metrics"})  # still answered during the drain: scrapes see the shutdown
 NEW_REQUEST = ("This server is shutting down and accepts no new requests: send the request to another "
                "instance.")
 CUT_REQUEST = ("This server shut down before the request finished (it ran longer than --shutdown-timeout "
                "allows): send it again, to another instance.")
-ENGINE_DEAD = "EngineCore encountered an issue"  # vLLM's EngineDeadError message (0.23, 0.32)
+ENGINE_DEAD = "EngineCore encountered an issue"  # vLLM's EngineDeadError message (0.23 - 0.32)
 
 
 def error_body(message: str) -> bytes:
@@ -183,7 +183,7 @@ PATCH = Patch(
     summary="during the SIGTERM drain new requests and /health get 503, and cut requests a JSON 503 "
     "(not 500 'cannot schedule new futures after shutdown', 200, or uvicorn's plain-text 500)",
     upstream="vLLM's serve_http keeps serving during engine_client.shutdown(timeout) without refusing "
-    "new requests (0.23, 0.32; no fix)",
+    "new requests (0.23, 0.30, 0.32; no fix)",
     check=check,
     apply=apply,
 )
