@@ -22,9 +22,9 @@ Fix, in the API server: an ASGI wrapper around vLLM's app (given to uvicorn thro
   shape, whichever way it was cut: "This server shut down before the request finished (it ran
   longer than --shutdown-timeout allows): send it again, to another instance." (uvicorn's
   cancellation is answered instead of uvicorn's plain-text 500; vLLM's "EngineCore encountered
-  an issue" 500 is replaced once the drain has started; a stream that already began gets that
-  error as its last event, `data: {"error": ...}` and `data: [DONE]`, as vLLM ends a stream on
-  an error). 503 because the server is unavailable, not broken: the request did nothing wrong
+  an issue" 500 is replaced once the drain has started, also where vLLM sends it as an event of
+  a stream that already began; a stream that uvicorn cuts gets that error as its last event,
+  `data: {"error": ...}` and `data: [DONE]`, as vLLM ends a stream on an error). 503 because the server is unavailable, not broken: the request did nothing wrong
   and another instance can serve it;
 - requests that finish within --shutdown-timeout, the exit code (0) and the timing are unchanged.
 
@@ -75,6 +75,21 @@ def is_engine_dead(body: bytes) -> bool:
         return False
 
 
+def is_event_stream(start: Any) -> bool:
+    headers = dict(start.get("headers") or []) if start else {}
+    return headers.get(b"content-type", b"").startswith(b"text/event-stream")
+
+
+def cut_stream_events(body: bytes) -> bytes:
+    """The stream chunk with vLLM's engine-died error event (`data: {"error": ...500}`) replaced
+    by the cut request's 503 event; every other line as it was."""
+    lines = body.split(b"\n")
+    for index, line in enumerate(lines):
+        if line.startswith(b"data: ") and is_engine_dead(line[len(b"data: "):]):
+            lines[index] = b"data: " + error_body(CUT_REQUEST)
+    return b"\n".join(lines)
+
+
 class DrainGuard:
     """ASGI wrapper of vLLM's app; `draining` turns True when vLLM starts its drain."""
 
@@ -123,8 +138,12 @@ class DrainGuard:
                 await send(held)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
-            elif kind == "http.response.body" and not message.get("more_body", False):
-                sent["complete"] = True
+            elif kind == "http.response.body":
+                chunk = message.get("body", b"")
+                if self.draining and is_event_stream(sent["start"]) and ENGINE_DEAD.encode() in chunk:
+                    message = {**message, "body": cut_stream_events(message["body"])}
+                if not message.get("more_body", False):
+                    sent["complete"] = True
             await send(message)
 
         try:
@@ -136,8 +155,7 @@ class DrainGuard:
             if sent["start"] is None:
                 await respond_503(send, CUT_REQUEST)
                 return
-            headers = dict(sent["start"].get("headers") or [])
-            if not headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+            if not is_event_stream(sent["start"]):
                 raise
             event = b"data: " + error_body(CUT_REQUEST) + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})

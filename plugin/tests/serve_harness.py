@@ -16,7 +16,9 @@ Usage: python serve_harness.py PORT death|sigterm|drain
            (vLLM's drain), then the engine is dead. In flight at SIGTERM: a request that
            finishes DRAIN_S - 2 s into the drain, one that never gets output (uvicorn cuts it)
            and one that fails with EngineDeadError when the engine stops (the target's own
-           exception handler answers it); 0.5 s into the drain, /health (the target's route) and
+           exception handler answers it), and a stream that began before SIGTERM and ends with
+           the EngineDeadError event when the engine stops (as vLLM's serving code ends a stream
+           on an error); 0.5 s into the drain, /health (the target's route) and
            a new request.
 Prints `RESULT {json}` (each request's HTTP status, body and content type; seconds from SIGTERM
 to the end of run_server; the last line counts, one is printed after each request in case the
@@ -38,6 +40,7 @@ import urllib.request
 import uvloop
 import vllm.entrypoints.cli.serve as cli_serve
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 from vllm.plugins import load_general_plugins
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -130,6 +133,17 @@ async def run_server(args: object) -> None:
         await stopped.wait()  # vLLM's output handler sees the engine stop before it is cancelled
         raise EngineDeadError()
 
+    @app.get("/generate-stream-engine-dies")
+    async def generate_stream_engine_dies() -> StreamingResponse:
+        async def events():  # the stream's 200 went out before the engine stopped
+            yield 'data: {"choices": []}\n\n'
+            await stopped.wait()
+            error = {"message": str(EngineDeadError()), "type": "InternalServerError", "param": None, "code": 500}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     @app.get("/slow")
     async def slow() -> dict:
         await asyncio.sleep(DRAIN_S - 1)  # started 1 s before SIGTERM: done DRAIN_S - 2 s into the drain
@@ -147,6 +161,7 @@ async def run_server(args: object) -> None:
         if mode == "drain":  # clients that give up sooner: without the plugin the cut one hangs
             in_background("/generate", "status", DRAIN_S + 10)
             in_background("/generate-engine-dies", "engine_dies", DRAIN_S + 10)
+            in_background("/generate-stream-engine-dies", "stream_engine_dies", DRAIN_S + 10)
             in_background("/slow", "slow", DRAIN_S + 10)
         else:
             in_background()

@@ -147,7 +147,8 @@ def test_sigterm_answers_the_cut_request_and_exits_0(target):
 def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target):
     """SIGTERM with a DRAIN_S (6 s) drain: a request that finishes 4 s into it is served; /health
     and a new request get 503 at once; a request cut by uvicorn and one that the target's own
-    handler answers with EngineDeadError both get a JSON 503 (shutdown-drain-503; on 0.23 also
+    handler answers with EngineDeadError both get a JSON 503, and a stream cut the latter way ends
+    with a 503 error event (shutdown-drain-503; on 0.23 also
     uvicorn-signals)."""
     assert target.needs("shutdown-drain-503"), "no target without the drain bug yet: add its expectations"
     with harnesses("drain") as (with_plugin, without):
@@ -161,6 +162,10 @@ def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target):
         error = json.loads(out[f"{key}_body"])["error"]
         assert error["message"].startswith(message) and error["code"] == 503, (key, out)
         assert error["type"] == "ServiceUnavailableError", (key, out)
+    # A stream that began before SIGTERM: its engine-died event becomes the cut request's 503 event.
+    assert out["stream_engine_dies"] == 200 and out["stream_engine_dies_body"].endswith("data: [DONE]\n\n"), out
+    last_event = out["stream_engine_dies_body"].split("\n\n")[-3].removeprefix("data: ")
+    assert json.loads(last_event)["error"]["code"] == 503 and CUT_REQUEST in last_event, out
     assert out["health_s"] < 1 and out["new_request_s"] < 1, out  # at once, during the drain
     assert out["status_s"] < DRAIN_S + GRACE_S + 10 and out["stopped_after_sigterm_s"] < DRAIN_S + GRACE_S + 30, out
     # The target alone: the request the engine's death cut gets vLLM's 500; the other one is never
@@ -169,6 +174,8 @@ def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target):
     assert off_code is None, off_output[-3000:]
     assert off_out["slow"] == 200 and off_out["engine_dies"] == 500, off_out
     assert "EngineCore encountered an issue" in off_out["engine_dies_body"], off_out
+    assert off_out["stream_engine_dies"] == 200 and '"code": 500' in off_out["stream_engine_dies_body"], off_out
+    assert "EngineCore encountered an issue" in off_out["stream_engine_dies_body"], off_out
     assert off_out["status"] == "TimeoutError", off_out
     if target.needs("uvicorn-signals"):
         # 0.23: uvicorn's own SIGTERM handler closes the port at once: /health and a new request
