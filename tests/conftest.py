@@ -8,29 +8,22 @@ with the tail of its log.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from minicpmv_ascend.tools import lifecycle
+from minicpmv_ascend.tools.lifecycle import free_port
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
 SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
 SERVER_STOP_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -67,30 +60,17 @@ class Server:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S) -> float:
+    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S, api_key: str | None = None) -> float:
         """Seconds until /v1/models lists the served model; fails with the log if it never does."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.process.poll() is not None:
-                pytest.fail(f"server exited with {self.process.returncode} before ready:\n{self.log_tail()}")
-            try:
-                status, body = http_get(f"{self.base_url}/v1/models", timeout=2)
-                if status == 200 and self.model in {m["id"] for m in json.loads(body)["data"]}:
-                    return time.monotonic() - start
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.5)
-        pytest.fail(f"server not ready after {timeout} s:\n{self.log_tail()}")
+        try:
+            return lifecycle.wait_ready(self.process, self.base_url, timeout, self.model, api_key)
+        except lifecycle.NotReady as err:
+            pytest.fail(f"server {err}:\n{self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = SERVER_STOP_TIMEOUT_S) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        """`sig` to the server (SIGKILL to its process group after `timeout`), then the rest of its
+        group; its exit code."""
+        return lifecycle.stop(self.process, sig, timeout)
 
 
 def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args: str, **env: str) -> Server:
@@ -99,15 +79,8 @@ def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args:
     if checkpoint is not None:
         env["MODEL_PATH"] = str(checkpoint)
     server_env = clean_env(PORT=str(port), **env)
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "entrypoint.py"), *args],
-        cwd=REPO,
-        env=server_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # signals from the terminal do not reach it; tests send their own
-    )
+    # A session of its own: signals from the terminal do not reach it; tests send their own.
+    process = lifecycle.start(lifecycle.entrypoint_command(*args), log_path, server_env, cwd=REPO)
     model = server_env.get("SERVED_MODEL_NAME", SERVED_MODEL_NAME)
     return Server(process, port, model, log_path, {"PORT": str(port), "SERVED_MODEL_NAME": model})
 

@@ -33,7 +33,7 @@ import pytest
 from conftest import start_server
 from test_bad_requests import error_message, png_url
 
-IMAGE_LIMIT = 5  # limit_mm_per_prompt image (settings.py default)
+IMAGE_LIMIT = 5  # limit_mm_per_prompt image (the settings table's default)
 CHUNK = 64  # MAX_NUM_BATCHED_TOKENS of the `chunked` server
 TIMEOUT_S = 120
 ID = 100  # an ordinary token id of the tiny vocabulary (731 ids); a prompt of ids is ID, ID+1, ...

@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
+from conftest import REPO, clean_env, start_server
 from helpers_launcher import launcher_env, run_entrypoint
 from test_deploy_support import (
     JOB_TEMPLATES,
@@ -129,22 +128,6 @@ def image_host() -> Iterator[ImageHost]:
     host.close()
 
 
-def wait_ready_with_key(srv: Any, key: str) -> float:
-    """conftest's wait_ready asks /v1/models without a key; this server answers that with 401."""
-    start = time.monotonic()
-    while time.monotonic() - start < SERVER_READY_TIMEOUT_S:
-        if srv.process.poll() is not None:
-            pytest.fail(f"server exited with {srv.process.returncode} before ready:\n{srv.log_tail()}")
-        try:
-            status, body = request(srv.base_url, "/v1/models", key=key, timeout=2)
-            if status == 200 and srv.model in {m["id"] for m in json.loads(body)["data"]}:
-                return time.monotonic() - start
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not ready after {SERVER_READY_TIMEOUT_S} s:\n{srv.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> pathlib.Path:
     """The guarded server's key file, its media directory and a picture outside of it."""
@@ -163,7 +146,8 @@ def guarded(tiny_checkpoint, files):
     srv = start_server(tiny_checkpoint, files / "server.log", API_KEY_FILE=str(files / "api-key"),
                        ALLOWED_LOCAL_MEDIA_PATH=str(files / "media"))
     try:
-        print(f"\nguarded server ready in {wait_ready_with_key(srv, SECRET):.1f} s")
+        # /v1/models needs the key here: without it the server answers 401 however ready it is.
+        print(f"\nguarded server ready in {srv.wait_ready(api_key=SECRET):.1f} s")
         yield srv
     finally:
         srv.stop()
@@ -200,6 +184,26 @@ def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
                                  timeout=180, env=env)
         assert without.returncode == 1 and "401" in without.stderr, without.stderr
         assert SECRET not in ok.stdout + ok.stderr + without.stdout + without.stderr
+
+
+def test_ascend_check_sends_the_key_from_the_secret_file(guarded, files) -> None:
+    """scripts/ascend_check.py reads the key as the server does (API_KEY_FILE here): its requests
+    (the probe's smoke, then the one-token completion) pass; without the key they get 401."""
+    script = [sys.executable, str(REPO / "scripts" / "ascend_check.py"), "--base-url", guarded.base_url]
+    env = clean_env(HF_HUB_OFFLINE="1")
+    ok = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO,
+                        env={**env, "API_KEY_FILE": str(files / "api-key")})
+    assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
+    requests = [line for line in ok.stdout.splitlines() if line.startswith("request ")]
+    assert [line.split(" - ")[0] for line in requests] == ["request text: ok", "request image: ok",
+                                                          "request one-token: ok"], requests
+    without = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert without.returncode == 1 and "request text: FAILED - cannot list models" in without.stdout
+    assert "HTTP 401" in without.stdout, without.stdout
+    bad = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env={**env, "API_KEY_FILE": str(files / "absent")})
+    assert bad.returncode == 2 and "the key file cannot be read" in bad.stderr, bad.stderr
+    assert SECRET not in ok.stdout + ok.stderr + without.stdout + bad.stdout + bad.stderr
 
 
 # Every route of the running server, as vLLM 0.32 publishes it for this kit (generate task, no dev
