@@ -275,10 +275,13 @@ def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path
             body = chat_body(srv.model, index, tokens, ignore_eos=True)
             return in_background(post_chat, srv.base_url, body, IN_FLIGHT_CLIENT_TIMEOUT_S)
 
-        short = [start_in_flight(i, SHORT_TOKENS) for i in (0, 1)]
+        # The long ones first: a short one lasts ~1 s here, and started first it could finish before
+        # the long ones were scheduled (4 never running at once: seen under load).
         long = [start_in_flight(2, LONG_TOKENS)]
         streamed = in_background(post_stream, srv.base_url, chat_body(srv.model, 4, LONG_TOKENS, ignore_eos=True),
                                  IN_FLIGHT_CLIENT_TIMEOUT_S)  # the other long one streams
+        wait_until(lambda: running_requests(srv.base_url) >= 2, 60, "the 2 long requests running")
+        short = [start_in_flight(i, SHORT_TOKENS) for i in (0, 1)]
         wait_until(lambda: running_requests(srv.base_url) >= 4, 60, "4 requests running")
         sigterm_at = time.monotonic()
         srv.process.send_signal(signal.SIGTERM)
