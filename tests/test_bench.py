@@ -164,6 +164,22 @@ def _session(pid: int) -> int | None:
         return None
 
 
+def test_contended_means_other_work_not_the_load_average():
+    """A busy server under test raises the load average (5 on 2 cores) without contending with itself;
+    the old flag (load > 2.5) marked every such cell. Work outside the server and harness does contend."""
+    from minicpmv_ascend.tools import bench_report
+
+    load = {"loadavg": [5.0, 4.0, 3.0], "foreign_vllm_processes": 0}
+    cpu = {"seconds": 30.0, "busy_cores": 1.95, "server_cores": 1.6, "harness_cores": 0.3, "other_cores": 0.05}
+    busy_server = {"load_before": load, "load_after": load, "cpu": cpu}
+    assert bench_report.contended(busy_server) is False
+    assert bench_report._load(busy_server) == "5.0 / 0 / 0.05"
+    other_work = {**busy_server, "cpu": {**cpu, "server_cores": 0.9, "other_cores": 0.8}}
+    assert bench_report.contended(other_work) is True
+    assert bench_report._load(other_work) == "5.0 / 0 / 0.80 (contended)"
+    assert bench_report.contended({"load_before": load}) is None  # no window: unknown, not quiet
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--concurrency", "0"],
      "--concurrency '0': every value must be 1 or more"),

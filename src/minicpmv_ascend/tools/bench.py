@@ -15,8 +15,10 @@ one-bucket `--random-mm-bucket-config`; the 4x/16x mode and `max_slice_nums` tra
 from the server's own `usage.prompt_tokens` (image cell minus the text cell of the same length).
 
 Output in --out: bench.json (everything), bench.md (tables), plots/*.png, raw/ (vLLM's result
-files), logs/ (server logs in A/B mode). Each cell records the load average and how many other
-vLLM processes were running, because on a shared machine they change the numbers.
+files), logs/ (server logs in A/B mode). Each cell (and each A/B start) records the load average,
+how many other vLLM processes were running, and the cores that processes outside the server under
+test and this harness used meanwhile (`cpu`, `contended`), because on a shared machine they change
+the numbers.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend.tools import lifecycle, roofline
+from minicpmv_ascend.tools import bench_report, lifecycle, roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
 
@@ -237,7 +240,8 @@ def summarise(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib.Path, warmups: int,
-             timeout: float) -> dict[str, Any]:
+             timeout: float, server_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """One cell; `server_pids` are the server under test's processes (its CPU is not contention)."""
     raw_dir = out / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     result_file = raw_dir / f"{cell.slug}.json"
@@ -245,10 +249,10 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
     cmd = [sys.executable, "-m", "minicpmv_ascend.vllm_cli",
            *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
-                              "load_before": lifecycle.machine_load()}
+                              "load_before": lifecycle.machine_load(server_pids)}
     print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     log = raw_dir / f"{cell.slug}.log"
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
     with log.open("w") as stream:
         try:
             proc = subprocess.run(cmd, stdout=stream, stderr=subprocess.STDOUT, env=_bench_env(), timeout=timeout,
@@ -257,7 +261,9 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
         except subprocess.TimeoutExpired:
             returncode = None
     record["wall_s"] = round(time.monotonic() - started, 1)
-    record["load_after"] = lifecycle.machine_load()
+    record["cpu"] = lifecycle.cpu_window(cpu_before, lifecycle.cpu_snapshot(), server_pids)
+    record["contended"] = bench_report.contended(record)
+    record["load_after"] = lifecycle.machine_load(server_pids)
     if returncode != 0 or not result_file.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         why = "timed out" if returncode is None else f"exited with {returncode}"
@@ -280,8 +286,9 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
 
 
 def run_cells(cells: Sequence[Cell], base_url: str, model: str, tokenizer: str, out: pathlib.Path,
-              args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [run_cell(c, base_url, model, tokenizer, out, args.warmups, args.cell_timeout) for c in cells]
+              args: argparse.Namespace, server_pids: Sequence[int] = ()) -> list[dict[str, Any]]:
+    return [run_cell(c, base_url, model, tokenizer, out, args.warmups, args.cell_timeout, server_pids)
+            for c in cells]
 
 
 def add_image_tokens(records: list[dict[str, Any]]) -> None:
@@ -340,6 +347,23 @@ def check_mm_kwargs_accepted(base_url: str, model: str, cells: Sequence[Cell]) -
                              "ARGS=--trust-request-mm-kwargs), or use --modes default --slice-nums default") from None
         why = f"{err.status}: {detail[:300]}" if err.status else err.reason
         raise UsageError(f"{base_url}: a one-token chat request failed ({why})") from None
+
+
+def server_under_test(base_url: str, given: Sequence[int]) -> list[int]:
+    """The processes of the server under test on this machine: `given` (--server-pid), else those
+    listening on the URL's port when it points here. Their CPU time is not contention."""
+    import psutil
+
+    missing = [pid for pid in given if not psutil.pid_exists(pid)]
+    if missing:
+        raise UsageError(f"--server-pid {missing[0]}: no such process; give the pid of the server's API process "
+                         "(e.g. from `ps`), or leave it out to find the one listening on the URL's port")
+    if given:
+        return list(given)
+    url = urllib.parse.urlsplit(base_url)
+    if url.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return []
+    return lifecycle.listening_pids(url.port or (443 if url.scheme == "https" else 80))
 
 
 def _checkpoint_dir(path: str | None, flag: str) -> pathlib.Path | None:
@@ -495,7 +519,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
     record: dict[str, Any] = {"profile": profile.label, "index": index, "command": shlex.join(cmd),
                               "env": profile.env, "log": str(log_path), "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
     proc = lifecycle.start(cmd, log_path, env)
     record["server_pid"] = proc.pid  # also its process group and session id
     base_url = f"http://127.0.0.1:{port}"
@@ -504,6 +528,8 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
             ready = lifecycle.wait_ready(proc, base_url, args.ready_timeout, served, _api_key(), started)
         except lifecycle.NotReady as err:
             ready, why = None, str(err)
+        record["cpu"] = lifecycle.cpu_window(cpu_before, lifecycle.cpu_snapshot(), [proc.pid])  # the start
+        record["contended"] = bench_report.contended(record)
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         if ready is None:
             record["error"] = f"server {why}; log {log_path}"
@@ -514,7 +540,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
         print(f"[bench] start #{index}: ready in {ready:.1f} s, RSS {record['rss_mib_after_ready']} MiB",
               file=sys.stderr, flush=True)
         cell_out = out / f"run{index:02d}"
-        record["cells"] = run_cells(cells, base_url, served, str(checkpoint), cell_out, args)
+        record["cells"] = run_cells(cells, base_url, served, str(checkpoint), cell_out, args, [proc.pid])
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         return record
     finally:
@@ -619,6 +645,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model", help="served model name (default: the first in /v1/models)")
     e.add_argument("--checkpoint", help="checkpoint directory for the tokenizer and rooflines "
                                         "(default: the `root` /v1/models reports, if it is a local directory)")
+    e.add_argument("--server-pid", type=int, action="append", default=[], metavar="PID",
+                   help="a process of the server under test (repeatable; default: the one listening on the URL's "
+                        "port, if local): its CPU time, and its process tree's, is not counted as contention")
     e.add_argument("--out", required=True, help="directory for bench.json, bench.md, plots/")
     _add_matrix_options(e)
     _add_roofline_options(e)
@@ -676,11 +705,16 @@ def run(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"the server reports model root {root!r}, not a local directory: pass "
                                  "--checkpoint DIR (the tokenizer and rooflines need it)")
             check_mm_kwargs_accepted(args.base_url, model, cells)
+            server_pids = server_under_test(args.base_url, args.server_pid)
+            if not server_pids:
+                print(f"[bench] no process of this machine listens on {args.base_url} for this user: the server's "
+                      "own CPU time counts as other work (contended); pass --server-pid PID", file=sys.stderr)
             out.mkdir(parents=True, exist_ok=True)
-            result |= {"base_url": args.base_url, "model": model, "checkpoint": str(checkpoint)}
+            result |= {"base_url": args.base_url, "model": model, "checkpoint": str(checkpoint),
+                       "server_pids": server_pids}
             if not args.no_roofline:
                 result["hardware"] = hardware_limits(args)
-            records = run_cells(cells, args.base_url, model, str(checkpoint), out, args)
+            records = run_cells(cells, args.base_url, model, str(checkpoint), out, args, server_pids)
             add_image_tokens(records)
             result["cells"] = records
             if not args.no_roofline:
@@ -705,8 +739,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"minicpmv-bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     result["machine"]["load_end"] = lifecycle.machine_load()
-    from minicpmv_ascend.tools import bench_report
-
     paths = bench_report.write(result, out)
     print("\n".join(f"[bench] wrote {p}" for p in paths), file=sys.stderr)
     return 0 if bench_report.complete(result) else 1
