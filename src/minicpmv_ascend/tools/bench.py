@@ -9,7 +9,8 @@
 
 Every cell is one `python -m minicpmv_ascend.vllm_cli bench serve` run (chat endpoint, `random` or
 `random-mm` dataset, fixed input/output lengths, `--ignore-eos`, `--max-concurrency`), so the
-numbers are vLLM's own definitions of TTFT, TPOT, ITL and throughput. Exact image sizes are a
+numbers are vLLM's own definitions of TTFT, TPOT, ITL and throughput; unstreamed cells (`--stream
+off`) run the same through tools/bench_client.py, whose chat client can send `"stream": false`. Exact image sizes are a
 one-bucket `--random-mm-bucket-config`; the 4x/16x mode and `max_slice_nums` travel per request in
 `--extra-body '{"mm_processor_kwargs": ...}'`, which vLLM's chat API accepts; tokens per image come
 from the server's own `usage.prompt_tokens` (image cell minus the text cell of the same length).
@@ -69,6 +70,7 @@ class Cell:
     image_size: tuple[int, int] | None = None  # (width, height)
     mode: str | None = None  # downsample_mode 16x / 4x; None = the checkpoint's default
     max_slices: int | None = None  # max_slice_nums; None = the processor's default
+    stream: bool = True  # False: each answer comes whole (bench_client), TTFT = end-to-end latency
 
     @property
     def name(self) -> str:
@@ -77,6 +79,8 @@ class Cell:
             parts.append(f"{self.images}x{self.image_size[0]}x{self.image_size[1]}")
             parts.append(self.mode or "default-mode")
             parts.append(f"slices={self.max_slices if self.max_slices is not None else 'default'}")
+        if not self.stream:
+            parts.append("no-stream")
         parts.append(f"c={self.concurrency}")
         return " ".join(parts)
 
@@ -107,19 +111,26 @@ class Cell:
             "--save-result", "--result-dir", str(result_dir), "--result-filename", f"{self.slug}.json",
             "--disable-tqdm",
         ]
+        extra_body: dict[str, Any] = {} if self.stream else {"stream": False}
+        if self.mm_kwargs():
+            extra_body["mm_processor_kwargs"] = self.mm_kwargs()
+        if extra_body:
+            args += ["--extra-body", json.dumps(extra_body)]
         if not self.images:
             return args + ["--dataset-name", "random"]
         width, height = self.image_size
-        args += [
+        return args + [
             "--dataset-name", "random-mm",
             "--random-mm-base-items-per-request", str(self.images),
             "--random-mm-num-mm-items-range-ratio", "0",
             "--random-mm-limit-mm-per-prompt", json.dumps({"image": self.images, "video": 0}),
             "--random-mm-bucket-config", f"{{({height}, {width}, 1): 1.0}}",
         ]
-        if self.mm_kwargs():
-            args += ["--extra-body", json.dumps({"mm_processor_kwargs": self.mm_kwargs()})]
-        return args
+
+    @property
+    def client_module(self) -> str:
+        """vLLM's CLI; for unstreamed cells the same with a client that can send stream: false."""
+        return "minicpmv_ascend.vllm_cli" if self.stream else "minicpmv_ascend.tools.bench_client"
 
 
 def _positive_ints(text: str, what: str) -> list[int]:
@@ -139,11 +150,11 @@ def _size(text: str, what: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def _modes(text: str) -> list[str | None]:
+def _modes(text: str, flag: str = "--modes") -> list[str | None]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("16x", "4x", "default")]
     if not modes or bad:
-        raise UsageError(f"--modes {text!r}: expected a list of 16x, 4x, default (the checkpoint's), e.g. 16x,4x")
+        raise UsageError(f"{flag} {text!r}: expected a list of 16x, 4x, default (the checkpoint's), e.g. 16x,4x")
     return [None if m == "default" else m for m in modes]
 
 
@@ -164,8 +175,16 @@ def _slices(text: str) -> list[int | None]:
 MIXES = ("text", "image", "images")
 
 
+def _streaming(text: str) -> list[bool]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ("on", "off") for v in values):
+        raise UsageError(f"--stream {text!r}: expected on, off or on,off (streamed answers, whole answers or both)")
+    return [v == "on" for v in values]
+
+
 def build_cells(args: argparse.Namespace) -> list[Cell]:
-    """The matrix: concurrency x mixes, then the image table at concurrency 1."""
+    """The matrix: mixes x image sizes x modes (image mixes) x streaming x concurrency, then the
+    image table at concurrency 1."""
     concurrency = _positive_ints(args.concurrency, "--concurrency")
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip() and m.strip() != "none"]
     unknown = [m for m in mixes if m not in MIXES]
@@ -174,17 +193,26 @@ def build_cells(args: argparse.Namespace) -> list[Cell]:
                          "(or none: only the image table)")
     if args.input_len < 1 or args.output_len < 1:
         raise UsageError("--input-len and --output-len must be 1 or more (tokens)")
-    image = _size(args.image_size, "--image-size")
+    images = [_size(s, "--image-size") for s in args.image_size.split(",") if s.strip()]
+    if not images:
+        raise UsageError("--image-size is empty: give e.g. 448x448 or 448x448,1344x1008")
+    if args.multi_images < 1:
+        raise UsageError("--multi-images must be 1 or more (images per request of the `images` mix)")
+    image_modes = _modes(args.image_modes, "--image-modes")
+    streaming = _streaming(args.stream)
 
     def prompts(c: int) -> int:
         return args.num_prompts or max(8, 4 * c)
 
     cells = []
     for mix in mixes:
-        for c in concurrency:
-            n_images = {"text": 0, "image": 1, "images": args.multi_images}[mix]
-            cells.append(Cell(mix, c, prompts(c), args.input_len, args.output_len, n_images,
-                              image if n_images else None))
+        n_images = {"text": 0, "image": 1, "images": args.multi_images}[mix]
+        variants = [(size, mode) for size in images for mode in image_modes] if n_images else [(None, None)]
+        for size, mode in variants:
+            for stream in streaming:
+                for c in concurrency:
+                    cells.append(Cell(mix, c, prompts(c), args.input_len, args.output_len, n_images, size, mode,
+                                      stream=stream))
     if args.image_table:
         sizes = [_size(s, "--table-sizes") for s in args.table_sizes.split(",") if s.strip()]
         if not sizes:
@@ -246,8 +274,7 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
     raw_dir.mkdir(parents=True, exist_ok=True)
     result_file = raw_dir / f"{cell.slug}.json"
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "minicpmv_ascend.vllm_cli",
-           *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
+    cmd = [sys.executable, "-m", cell.client_module, *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
                               "load_before": lifecycle.machine_load(server_pids)}
     print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
@@ -463,13 +490,16 @@ class Profile:
     label: str
     kind: str  # entrypoint | plain
     env: dict[str, str]
+    args: list[str] = dataclasses.field(default_factory=list)  # vLLM flags of this profile only
 
     def describe(self) -> str:
         env = " ".join(f"{k}={v}" for k, v in self.env.items())
-        return f"{self.label} ({self.kind}{', ' + env if env else ''})"
+        extra = ", ".join(x for x in (env, shlex.join(self.args)) if x)
+        return f"{self.label} ({self.kind}{', ' + extra if extra else ''})"
 
 
-def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path) -> Profile:
+def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path,
+                 args: Sequence[str] = ()) -> Profile:
     if name not in PROFILES:
         raise UsageError(f"profile {name!r} is unknown; choose from {', '.join(PROFILES)} "
                          "(and add env with --a-env/--b-env KEY=VALUE)")
@@ -479,7 +509,7 @@ def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path
         # A compile cache that survives restarts: one directory per profile, kept across its starts.
         env.setdefault("VLLM_CACHE_ROOT", str(out / f"compile-cache-{label}"))
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(pathlib.Path(env["VLLM_CACHE_ROOT"]) / "inductor"))
-    return Profile(f"{label}:{name}", spec["kind"], env)
+    return Profile(f"{label}:{name}", spec["kind"], env, list(args))
 
 
 def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served: str,
@@ -512,12 +542,13 @@ def _compile_cache_state(log_text: str) -> str:
 def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, cells: Sequence[Cell],
                       out: pathlib.Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
     port = lifecycle.free_port()
-    cmd, env = server_command(profile, checkpoint, port, served, args.server_arg)
+    cmd, env = server_command(profile, checkpoint, port, served, [*args.server_arg, *profile.args])
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{index:02d}-{profile.label.replace(':', '-')}.log"
     record: dict[str, Any] = {"profile": profile.label, "index": index, "command": shlex.join(cmd),
-                              "env": profile.env, "log": str(log_path), "load_before": lifecycle.machine_load()}
+                              "env": profile.env, "args": profile.args, "log": str(log_path),
+                              "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
     started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
     proc = lifecycle.start(cmd, log_path, env)
@@ -574,12 +605,13 @@ def run_ab(args: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:
     checkpoint = _checkpoint_dir(args.checkpoint, "--checkpoint")
     if checkpoint is None:
         raise UsageError("ab needs --checkpoint DIR (the model both servers load)")
-    a = make_profile(args.a, _env_pairs(args.a_env, "--a-env"), "A", out)
-    b = make_profile(args.b, _env_pairs(args.b_env, "--b-env"), "B", out)
+    a = make_profile(args.a, _env_pairs(args.a_env, "--a-env"), "A", out, args.a_arg)
+    b = make_profile(args.b, _env_pairs(args.b_env, "--b-env"), "B", out, args.b_arg)
     if args.pairs < 1:
         raise UsageError("--pairs must be 1 or more")
     cells = build_cells(args)
-    if any(c.mm_kwargs() for c in cells) and "--trust-request-mm-kwargs" not in args.server_arg:
+    trusting = all("--trust-request-mm-kwargs" in (*args.server_arg, *p.args) for p in (a, b))
+    if any(c.mm_kwargs() for c in cells) and not trusting:
         raise UsageError("the --modes/--slice-nums cells send per-request mm_processor_kwargs, which vLLM refuses "
                          "by default: add --server-arg=--trust-request-mm-kwargs, or use --modes default "
                          "--slice-nums default")
@@ -613,8 +645,15 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--input-len", type=int, default=128, help="random text tokens per request (default 128)")
     g.add_argument("--output-len", type=int, default=64, help="generated tokens per request, ignore_eos (default 64)")
     g.add_argument("--num-prompts", type=int, default=0, help="requests per cell (default max(8, 4 x concurrency))")
-    g.add_argument("--image-size", default="448x448", help="WIDTHxHEIGHT of the image mixes (default 448x448)")
+    g.add_argument("--image-size", default="448x448",
+                   help="WIDTHxHEIGHT of the image mixes, comma-separated for several (default 448x448)")
+    g.add_argument("--image-modes", default="default",
+                   help="downsample modes of the image mixes: 16x, 4x, default (the checkpoint's), comma-separated; "
+                        "other than default needs a server started with --trust-request-mm-kwargs (default default)")
     g.add_argument("--multi-images", type=int, default=3, help="images per request of the `images` mix (default 3)")
+    g.add_argument("--stream", default="on",
+                   help="on: streamed answers (TTFT, ITL); off: whole answers (requests/s, end-to-end latency; "
+                        "TTFT is the whole answer); on,off: both (default on)")
     g.add_argument("--warmups", type=int, default=1, help="warm-up requests before each cell (default 1)")
     g.add_argument("--cell-timeout", type=float, default=1800, help="seconds one cell may take (default 1800)")
     t = p.add_argument_group("image table (concurrency 1: TTFT and tokens per image)")
@@ -658,6 +697,11 @@ def parser() -> argparse.ArgumentParser:
     ab.add_argument("--b", default="tuned", help="profile B (default tuned)")
     ab.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for A (repeatable)")
     ab.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for B (repeatable)")
+    ab.add_argument("--a-arg", action="append", default=[], metavar="ARG",
+                    help="extra vLLM flag for A only, e.g. --a-arg=--api-server-count=1 (repeatable)")
+    ab.add_argument("--b-arg", action="append", default=[], metavar="ARG",
+                    help="extra vLLM flag for B only, e.g. --b-arg=--api-server-count=2 or "
+                         "--b-arg=--mm-processor-cache-gb=0 (repeatable)")
     ab.add_argument("--pairs", type=int, default=2, help="A/B pairs (default 2)")
     ab.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra vLLM flag for both servers, e.g. --server-arg=--trust-request-mm-kwargs (repeatable; "

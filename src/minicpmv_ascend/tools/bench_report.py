@@ -178,7 +178,8 @@ def _plots(result: Mapping[str, Any], plots: pathlib.Path) -> list[pathlib.Path]
         for start in (result.get("ab") or {}).get("starts", []) or [{"profile": "", "cells": result.get("cells", [])}]:
             for c in start.get("cells", []):
                 if c.get("metrics") and c["mix"] != "table":
-                    key = f"{start['profile']} {c['mix']}".strip() + (f" #{start['index']}" if "index" in start else "")
+                    variant = c["name"].rsplit(" c=", 1)[0]  # mix, image size and mode, streaming
+                    key = f"{start['profile']} {variant}".strip() + (f" #{start['index']}" if "index" in start else "")
                     series.setdefault(key, []).append((c["concurrency"], c["metrics"]["output_throughput"]))
         for key, points in series.items():
             points.sort()
