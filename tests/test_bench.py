@@ -145,6 +145,36 @@ def test_matrix_expresses_the_issue_16_cells():
     assert (ab.a, ab.b, ab.pairs, ab.a_arg, ab.b_arg) == ("seed", "tuned", 3, [], ["--api-server-count=2"])
 
 
+# Lines of a real vLLM 0.32 start (tiny checkpoint), as the server log has them.
+START_LOG = """\
+command:
+(APIServer pid=8334) INFO 12-01 11:10:59 [api_utils.py:347]        version 0.32.0
+(APIServer pid=8334) INFO 12-01 11:11:08 [model.py:733] Resolved architecture: MiniCPMV4_6ForConditionalGeneration
+(APIServer pid=8334) INFO 12-01 11:11:11 [base.py:280] Multi-modal warmup completed in 2.296s
+(EngineCore pid=8370) INFO 12-01 11:11:16 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(Worker pid=8395) INFO 12-01 11:11:24 [cpu_model_runner.py:68] Starting to load model /tmp/ckpt...
+(Worker pid=8395) INFO 12-01 11:11:25 [base_loader.py:82] Initializing model took 0.117926 seconds
+(Worker pid=8395) INFO 12-01 11:11:25 [default_loader.py:501] Loading weights took 0.02 seconds
+(EngineCore pid=8370) INFO 12-01 11:11:29 [core.py:402] init engine (profile, create kv cache, warmup model) took 2.94 s
+(APIServer pid=8334) INFO 12-01 11:11:31 [entry.py:140] Starting vLLM server on http://0.0.0.0:42777
+"""
+
+
+def test_startup_breakdown_reads_the_milestones_of_vllms_log():
+    import time
+
+    from minicpmv_ascend.tools import bench, bench_report
+
+    started = time.mktime(time.strptime(f"{time.localtime().tm_year}-12-01 11:10:50", "%Y-%m-%d %H:%M:%S"))
+    breakdown = bench.startup_breakdown(START_LOG, started)
+    assert breakdown == {"vllm_imported": 9.0, "config_resolved": 18.0, "api_mm_warmup_done": 21.0,
+                         "engine_core_started": 26.0, "worker_loading_model": 34.0, "weights_loaded": 35.0,
+                         "engine_initialized": 39.0, "api_listening": 41.0, "api_mm_warmup_s": 2.296,
+                         "model_init_s": 0.117926, "weights_load_s": 0.02, "engine_init_s": 2.94}
+    table = "\n".join(bench_report.startup_lines([{"index": 0, "startup": breakdown, "ready_s": 41.8}]))
+    assert "| 0 | 9.00 | 18.00 |" in table and table.endswith("| 2.94 | 41.80 |")
+
+
 def test_ab_profile_flags_reach_only_their_server(tiny_checkpoint, tmp_path):
     """--a-arg/--b-arg: a vLLM flag A/B'd (e.g. --api-server-count) goes to one profile's command only,
     after the flags both share, in the entrypoint's command and in plain `vllm serve`'s."""

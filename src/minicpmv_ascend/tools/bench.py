@@ -539,6 +539,48 @@ def _compile_cache_state(log_text: str) -> str:
     return "eager (no compile)"
 
 
+# Milestones of a vLLM start, in the order they happen, each the first log line matching: the
+# start-up breakdown (issue 16) reads their timestamps (vLLM logs whole seconds) against the start.
+STARTUP_MILESTONES = (
+    ("vllm_imported", r"\(APIServer pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)"),  # first line of vLLM's
+    ("config_resolved", r"Resolved architecture"),
+    ("api_mm_warmup_done", r"Multi-modal warmup completed"),
+    ("engine_core_started", r"Initializing a V1 LLM engine"),
+    ("worker_loading_model", r"Starting to load model"),
+    ("weights_loaded", r"Loading weights took"),
+    ("mm_profiling", r"Encoder cache will be initialized"),
+    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took"),
+    ("api_listening", r"Starting vLLM server on"),
+)
+# Durations vLLM prints itself, in seconds.
+STARTUP_DURATIONS = (
+    ("api_mm_warmup_s", r"Multi-modal warmup completed in ([\d.]+) ?s"),
+    ("model_init_s", r"Initializing model took ([\d.]+) seconds"),
+    ("weights_load_s", r"Loading weights took ([\d.]+) seconds"),
+    ("engine_init_s", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+)
+_LOG_TIME = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+def startup_breakdown(log_text: str, started_wall: float) -> dict[str, Any]:
+    """Seconds from the process start (`started_wall`, time.time()) to each STARTUP_MILESTONES
+    line of the server log (1 s resolution: vLLM's timestamps), plus the durations vLLM reports."""
+    year = time.localtime(started_wall).tm_year
+    out: dict[str, Any] = {}
+    for key, pattern in STARTUP_MILESTONES:
+        for line in log_text.splitlines():
+            stamp = _LOG_TIME.search(line)
+            if stamp and re.search(pattern, line):
+                when = time.mktime(time.strptime(f"{year}-{stamp[1]}", "%Y-%m-%d %H:%M:%S"))
+                out[key] = round(when - started_wall, 1)
+                break
+    for key, pattern in STARTUP_DURATIONS:
+        found = re.search(pattern, log_text)
+        if found:
+            out[key] = float(found[1])
+    return out
+
+
 def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, cells: Sequence[Cell],
                       out: pathlib.Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
     port = lifecycle.free_port()
@@ -550,7 +592,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
                               "env": profile.env, "args": profile.args, "log": str(log_path),
                               "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
-    started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
+    started, started_wall, cpu_before = time.monotonic(), time.time(), lifecycle.cpu_snapshot()
     proc = lifecycle.start(cmd, log_path, env)
     record["server_pid"] = proc.pid  # also its process group and session id
     base_url = f"http://127.0.0.1:{port}"
@@ -567,6 +609,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
             print(f"[bench] start #{index}: {record['error']}", file=sys.stderr, flush=True)
             return record
         record["ready_s"] = round(ready, 2)
+        record["startup"] = startup_breakdown(log_path.read_text(errors="replace"), started_wall)
         record["rss_mib_after_ready"] = lifecycle.session_rss_mib(proc.pid)
         print(f"[bench] start #{index}: ready in {ready:.1f} s, RSS {record['rss_mib_after_ready']} MiB",
               file=sys.stderr, flush=True)

@@ -109,12 +109,31 @@ def roofline_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def startup_lines(starts: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each start's breakdown: seconds from the process start to each milestone of vLLM's log
+    (whole seconds), and the durations vLLM reports."""
+    keys: list[str] = []
+    for s in starts:
+        keys += [k for k in s.get("startup", {}) if k not in keys]
+    if not keys:
+        return []
+    header = "| start | " + " | ".join(keys) + " | ready s |"
+    lines = ["", "Start-up breakdown (milestones: s since the process start, from vLLM's log, 1 s resolution; "
+             "`*_s`: durations vLLM reports):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for s in starts:
+        startup = s.get("startup", {})
+        lines.append(f"| {s['index']} | " + " | ".join(_fmt(startup.get(k), 2) for k in keys)
+                     + f" | {_fmt(s.get('ready_s'), 2)} |")
+    return lines
+
+
 def ab_lines(ab: Mapping[str, Any]) -> list[str]:
     lines = ["## A/B", "", f"- A = {ab['a']}", f"- B = {ab['b']}", "",
              "| start | profile | ready s | RSS MiB | compile cache | load 1 min / other vLLM / other cores |", "|---|---|---|---|---|---|"]
     for s in ab["starts"]:
         lines.append(f"| {s['index']} | {s['profile']} | {_fmt(s.get('ready_s'), 2)} | {_fmt(s.get('rss_mib_after_ready'))} "
                      f"| {s.get('compile_cache', '-')} | {_load(s)} |")
+    lines += startup_lines(ab["starts"])
     lines += ["", "Ratios B/A pair by pair (throughput > 1: B faster; TPOT, TTFT, ready < 1: B faster):", ""]
     names = [c["name"] for c in (ab["starts"][0].get("cells") or [])]
     header = "| pair | ready s | RSS | " + " | ".join(f"{n}: out tok/s, TPOT p50" for n in names) + " |"
