@@ -168,11 +168,22 @@ def test_cpu_window_tells_the_server_under_test_from_other_work(tmp_path) -> Non
                 pass
 
 
-def test_listening_pids_finds_the_server_under_test(tmp_path) -> None:
+def test_server_pids_on_port_finds_the_server_under_test(tmp_path) -> None:
+    """The listener itself; under a vLLM parent (vLLM's main process above its API servers with
+    --api-server-count 2) that parent, whose tree holds the engine too."""
     proc, url = stand_in(tmp_path, "0")
     try:
         lifecycle.wait_ready(proc, url, 30)
-        assert lifecycle.listening_pids(int(url.rsplit(":", 1)[1])) == [proc.pid]
-        assert lifecycle.listening_pids(lifecycle.free_port()) == []
+        assert lifecycle.server_pids_on_port(int(url.rsplit(":", 1)[1])) == [proc.pid]
+        assert lifecycle.server_pids_on_port(lifecycle.free_port()) == []
     finally:
         lifecycle.stop(proc, timeout=10)
+    port = lifecycle.free_port()
+    parent = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], '0'])")
+    main = lifecycle.start([sys.executable, "-c", parent, STAND_IN, str(port), "VLLM::main"], tmp_path / "main",
+                           clean_env(), cwd=tmp_path)
+    try:
+        lifecycle.wait_ready(main, f"http://127.0.0.1:{port}", 30)
+        assert lifecycle.server_pids_on_port(port) == [main.pid]
+    finally:
+        lifecycle.stop(main, timeout=10)

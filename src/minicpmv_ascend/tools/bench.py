@@ -390,7 +390,7 @@ def server_under_test(base_url: str, given: Sequence[int]) -> list[int]:
     url = urllib.parse.urlsplit(base_url)
     if url.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
         return []
-    return lifecycle.listening_pids(url.port or (443 if url.scheme == "https" else 80))
+    return lifecycle.server_pids_on_port(url.port or (443 if url.scheme == "https" else 80))
 
 
 def _checkpoint_dir(path: str | None, flag: str) -> pathlib.Path | None:

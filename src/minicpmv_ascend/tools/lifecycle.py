@@ -191,13 +191,36 @@ def machine_load(server_pids: Sequence[int] = ()) -> dict[str, Any]:
             "foreign_vllm_processes": len(foreign_vllm_pids(server_pids)), "time": now()}
 
 
-def listening_pids(port: int) -> list[int]:
-    """Processes of this machine listening on TCP `port` that this user may see (psutil shows no
-    pid for another user's socket): the server under test when its URL points here."""
+# A process of a vLLM server: vLLM's own process titles and command lines, and this kit's.
+SERVER_PROCESS = re.compile(r"vllm|VLLM::|entrypoint\.py|minicpmv_ascend")
+
+
+def _is_server_process(process: Any) -> bool:
+    """By its process title (vLLM's `VLLM::...`) or arguments, not its interpreter's path (a
+    `.venv-vllm030/bin/python` running pytest is no server)."""
+    cmdline = process.cmdline()
+    title = cmdline[0] if cmdline and cmdline[0].startswith("VLLM::") else ""
+    return bool(SERVER_PROCESS.search(" ".join([title, *cmdline[1:], process.name()])))
+
+
+def server_pids_on_port(port: int) -> list[int]:
+    """The server under test when its URL points here: the process listening on TCP `port` (one
+    this user may see; psutil shows no pid for another user's socket), raised to the topmost vLLM
+    process above it. With `--api-server-count` > 1 the listener is one of several API servers,
+    children of vLLM's main process, which also parents the engine core."""
     import psutil
 
-    return sorted({c.pid for c in psutil.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid})
+    roots = set()
+    for pid in {c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}:
+        try:
+            process = psutil.Process(pid)
+            while (parent := process.parent()) and parent.pid != os.getpid() and _is_server_process(parent):
+                process = parent
+        except psutil.Error:
+            continue  # gone meanwhile, or not ours to read: keep what was found
+        roots.add(process.pid)
+    return sorted(roots)
 
 
 @dataclasses.dataclass(frozen=True)
