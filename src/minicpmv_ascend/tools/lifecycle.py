@@ -210,15 +210,19 @@ def server_pids_on_port(port: int) -> list[int]:
     children of vLLM's main process, which also parents the engine core."""
     import psutil
 
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}  # never climb into the harness's own line
     roots = set()
     for pid in {c.pid for c in psutil.net_connections("tcp")
                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}:
         try:
             process = psutil.Process(pid)
-            while (parent := process.parent()) and parent.pid != os.getpid() and _is_server_process(parent):
+        except psutil.Error:
+            continue  # gone meanwhile
+        try:
+            while (parent := process.parent()) and parent.pid not in mine and _is_server_process(parent):
                 process = parent
         except psutil.Error:
-            continue  # gone meanwhile, or not ours to read: keep what was found
+            pass  # a parent gone meanwhile, or not ours to read: the highest found so far
         roots.add(process.pid)
     return sorted(roots)
 
