@@ -21,7 +21,14 @@ import urllib.request
 
 import pytest
 
+import tiers
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The markers `server`, `engine` and `checkpoint`, enforced at collection and at run time.
+    config.pluginmanager.register(tiers, "tiers")
 SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
 SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
 SERVER_STOP_TIMEOUT_S = 60
@@ -119,6 +126,25 @@ def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> pathlib.Path:
+    """`tiny_checkpoint` without its weights: the same config.json, tokenizer, processor and
+    generation config, and a weights file holding no tensors. It is all that the settings, the
+    launcher's checks and the scripts read, made in seconds without torch generating weights,
+    so unit tests use it (test_checkpoint.py keeps it equal to the real one's files)."""
+    from minicpmv_ascend import checkpoint
+
+    out = tmp_path_factory.mktemp("config") / "minicpmv46-tiny"
+    out.mkdir()
+    tokenizer = checkpoint.build_tokenizer(out)
+    checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer).save_pretrained(out)
+    checkpoint.save_processor(out, tokenizer)
+    checkpoint.write_generation_config(out, tokenizer)
+    header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
+    (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return out
+
+
 # What the shared server sets beyond the defaults: image URLs from public addresses (the
 # recommended way to turn them on; media URL fetching is off by default), plus one loopback host,
 # listed explicitly, which the image-URL examples and tests fetch from.
@@ -129,6 +155,7 @@ SHARED_SERVER_ENV = {"ALLOWED_MEDIA_DOMAINS": "public,127.0.0.1"}
 def server(tiny_checkpoint, tmp_path_factory):
     """The shared server for tests that only send requests (they must not stop or break it)."""
     srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log", **SHARED_SERVER_ENV)
+    tiers.allow_shared_server(srv.process.pid)
     try:
         ready_s = srv.wait_ready()
         print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")

@@ -19,12 +19,12 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from minicpmv_ascend import access, settings
 
 sys.path.insert(0, str(REPO / "plugin" / "tests"))
-import access_harness  # noqa: E402
+import access_harness
 
 KEY = "sk-access-unit"
 
@@ -172,6 +172,7 @@ def vllm_pythons() -> list[Any]:
 KINDS = {"0.32": {"public": 4, "key": 31, "admin": 36}, "0.30": {"public": 4, "key": 30, "admin": 31}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("version", "python"), vllm_pythons())
 def test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off(version, python, tmp_path) -> None:
     """vLLM's own build_app, every route without / with a wrong / with the key (access_harness)."""
@@ -249,9 +250,9 @@ def test_target_vllm_guards_only_prefixes_and_applies_middleware_last(version, t
 # --------------------------------------------------------------------------------------------
 
 
-def test_the_launcher_always_passes_the_access_control(tiny_checkpoint, tmp_path) -> None:
+def test_the_launcher_always_passes_the_access_control(tiny_config, tmp_path) -> None:
     def middleware(env: dict[str, str], args: tuple[str, ...] = (), config: pathlib.Path | None = None) -> list[str]:
-        env = {"MODEL_PATH": str(tiny_checkpoint), **env}
+        env = {"MODEL_PATH": str(tiny_config), **env}
         plan = settings.build_plan(settings.resolve(list(args), env, config), env, "cpu")
         return [plan.vllm_args[i + 1] for i, a in enumerate(plan.vllm_args) if a == "--middleware"]
 
@@ -270,7 +271,7 @@ def test_the_launcher_always_passes_the_access_control(tiny_checkpoint, tmp_path
         assert getattr(__import__(module, fromlist=[name]), name)  # importable as vLLM imports it
 
 
-def test_a_wrong_admin_setting_is_a_configuration_error(tiny_checkpoint) -> None:
+def test_a_wrong_admin_setting_is_a_configuration_error(tiny_config) -> None:
     with pytest.raises(settings.ConfigError) as err:
         settings.resolve([], {"ENABLE_ADMIN_ROUTES": "maybe"})
     assert err.value.key == "enable_admin_routes" and "boolean" in err.value.why

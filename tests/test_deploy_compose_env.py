@@ -300,7 +300,7 @@ def test_ascend_env_files_carry_the_rope_workaround_and_tutorial_runtime_values(
     (REPO / "env" / "ascend-a3.env", "ascend"),
     (REPO / "env" / "cpu.env", "cpu"),
 ], ids=lambda v: v.name if isinstance(v, pathlib.Path) else v)
-def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, platform: str, tiny_checkpoint) -> None:
+def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, platform: str, tiny_config) -> None:
     """The settings module's own resolution and checks (types, ranges, devices, dtype, checkpoint),
     on the platform the file is for. vLLM's parser checks the a2 values in
     test_deploy_images.py::test_ascend_image_command_outside_docker_dry_run, cpu.env's in
@@ -309,7 +309,7 @@ def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, pla
 
     env = {k: v for k, v in env_mapping(path).items()}
     if env.get("MODEL_PATH"):
-        env["MODEL_PATH"] = str(tiny_checkpoint)  # the directory the container would mount
+        env["MODEL_PATH"] = str(tiny_config)  # the directory the container would mount
     resolution = settings.resolve((), env)
     for entry in read_env_file(path):
         setting = next((s for s in settings.SETTINGS if s.env == entry.key), None)

@@ -116,6 +116,7 @@ RECORD = {"target": "v0.30.0", "variant": "a3", "decision": "keep", "transformer
           "reason": "keep the base image's transformers 5.19.0: it has MiniCPMV4_6Config and meets the rules"}
 
 
+@pytest.mark.slow
 def test_ascend_check_reports_the_target_of_the_image(tmp_path) -> None:
     """The whole report, as an NPU user runs it (no server here: --no-requests). The table copy
     says the image's vLLM is this machine's (0.32.0), as an image's table says its own."""

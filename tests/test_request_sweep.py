@@ -39,7 +39,6 @@ TIMEOUT_S = 120
 ID = 100  # an ordinary token id of the tiny vocabulary (731 ids); a prompt of ids is ID, ID+1, ...
 # Prompt lengths: the smallest ones, and around one and two chunks of the `chunked` server.
 LENGTHS = (1, 2, 3, 4, 5, 16, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 1)
-SERVERS = ("default", "chunked")
 _dead: dict[str, str] = {}  # server -> the case after which it stopped answering
 
 
@@ -62,11 +61,11 @@ def chunked_server(tiny_checkpoint, tmp_path_factory):
 class Sweep:
     name: str
     path: str
-    body: Callable[["Ctx"], dict[str, Any]]
+    body: Callable[[Ctx], dict[str, Any]]
     status: int | Callable[[str], int] = 200  # or: server kind -> status
     says: str = ""  # a word of the error message (4xx)
     n: int = 1  # choices expected
-    prompt_tokens: int | Callable[["Ctx"], int] | None = None  # usage.prompt_tokens expected
+    prompt_tokens: int | Callable[[Ctx], int] | None = None  # usage.prompt_tokens expected
     twice: bool = False  # send again; the greedy answers must match (prefix cache on `chunked`)
     check: Callable[[dict[str, Any]], None] | None = None  # more on a 200 answer
 
@@ -329,15 +328,16 @@ def run_sweep(srv: Any, kind: str, sweep: Sweep) -> None:
         assert answers[0] == answers[1], answers
 
 
-def params() -> list[Any]:
-    return [pytest.param(kind, sweep, id=f"{kind}-{sweep.name}",
-                         marks=[pytest.mark.server] if kind == "default" else [pytest.mark.engine])
-            for kind in SERVERS for sweep in SWEEPS]
+@pytest.mark.server
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
+def test_sweep_default(sweep: Sweep, server):
+    run_sweep(server, "default", sweep)
 
 
-@pytest.mark.parametrize(("kind", "sweep"), params())
-def test_sweep(kind: str, sweep: Sweep, request):
-    run_sweep(request.getfixturevalue("server" if kind == "default" else "chunked_server"), kind, sweep)
+@pytest.mark.engine
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
+def test_sweep_chunked(sweep: Sweep, chunked_server):
+    run_sweep(chunked_server, "chunked", sweep)
 
 
 @pytest.mark.server

@@ -36,8 +36,10 @@ from typing import Any
 
 import pytest
 import yaml
+
 from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
 from helpers_launcher import launcher_env, run_entrypoint
+from minicpmv_ascend import access, settings
 from test_deploy_support import (
     JOB_TEMPLATES,
     OVERLAYS,
@@ -47,8 +49,6 @@ from test_deploy_support import (
     render_everything,
     server_container,
 )
-
-from minicpmv_ascend import access, settings
 
 SECRET = "sk-security-7c1e-never-in-argv-or-logs"
 PROBE = REPO / "healthcheck" / "probe.py"
@@ -88,7 +88,7 @@ class ImageHost:
         host = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 host.requests.append(self.path)
                 if redirect_to:
                     self.send_response(302)
@@ -325,7 +325,7 @@ def test_path_tricks_methods_and_preflights_need_the_key(guarded) -> None:
         outcomes[f"{method} {target}"] = status
         assert status == 401 and b"choices" not in body, (method, target, status, body[:200])
     # HEAD and OPTIONS (not a CORS preflight) of every protected route: 401 as well.
-    for path, methods in NEEDS_KEY.items():
+    for path in NEEDS_KEY:
         target = path.replace("{response_id}", "x")
         for method in ("HEAD", "OPTIONS", "PUT", "DELETE"):
             assert raw_request(guarded, method, target)[0] == 401, (method, path)
@@ -367,15 +367,16 @@ def test_the_key_is_in_no_command_line_and_no_log(guarded) -> None:
     assert "api_key_file" in log and SECRET not in log
 
 
-def test_dry_run_and_errors_never_show_the_key(tiny_checkpoint, tmp_path) -> None:
+@pytest.mark.slow
+def test_dry_run_and_errors_never_show_the_key(tiny_config, tmp_path) -> None:
     (tmp_path / "api-key").write_text(SECRET)
-    env = launcher_env(MODEL_PATH=str(tiny_checkpoint), API_KEY_FILE=str(tmp_path / "api-key"))
+    env = launcher_env(MODEL_PATH=str(tiny_config), API_KEY_FILE=str(tmp_path / "api-key"))
     dry, _ = run_entrypoint("--dry-run", env=env, timeout=240)
     assert dry.returncode == 0, dry.stderr
     assert "VLLM_API_KEY=<redacted>" in dry.stdout and SECRET not in dry.stdout + dry.stderr
     # A key given on the command line, twice, is refused without echoing it.
     bad, _ = run_entrypoint("--api-key", SECRET, "--api-key", SECRET + "2", env=launcher_env(
-        MODEL_PATH=str(tiny_checkpoint)), timeout=60)
+        MODEL_PATH=str(tiny_config)), timeout=60)
     assert bad.returncode == 2 and "configuration error in `api_key`" in bad.stderr
     assert SECRET not in bad.stdout + bad.stderr
 
@@ -563,10 +564,10 @@ def test_grace_periods_outlast_the_shutdown_timeout(renderings) -> None:
         assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain, overlay
 
 
-def test_the_deployed_drain_reaches_vllm(tiny_checkpoint) -> None:
+def test_the_deployed_drain_reaches_vllm(tiny_config) -> None:
     """SHUTDOWN_TIMEOUT of the env files becomes vLLM's --shutdown-timeout."""
     for name in ("ascend-a2.env", "cpu.env"):
-        env = env_mapping(REPO / "env" / name) | {"MODEL_PATH": str(tiny_checkpoint)}
+        env = env_mapping(REPO / "env" / name) | {"MODEL_PATH": str(tiny_config)}
         env = {k: v for k, v in env.items() if v}
         plan = settings.build_plan(settings.resolve([], env), env, "cpu" if name == "cpu.env" else "ascend")
         assert plan.vllm_args[plan.vllm_args.index("--shutdown-timeout") + 1] == env["SHUTDOWN_TIMEOUT"]

@@ -18,17 +18,17 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from minicpmv_ascend import settings, tool_calls
 
 sys.path.insert(0, str(REPO / "plugin" / "tests"))
-import tool_parsing_harness as harness  # noqa: E402
+import tool_parsing_harness as harness
 
 
 @pytest.fixture(scope="module", params=["minicpmv", "qwen3"])
-def parsers(request, tiny_checkpoint):
-    return harness.Harness(tiny_checkpoint, request.param)
+def parsers(request, tiny_config):
+    return harness.Harness(tiny_config, request.param)
 
 
 def test_the_defaults_name_parsers_this_vllm_has():
@@ -66,9 +66,9 @@ ON_VLLM030 = textwrap.dedent("""
 
 @pytest.mark.skipif(not pathlib.Path(VLLM030).exists(),
                     reason=f"no vLLM 0.30 venv here ({VLLM030}; `make venv-vllm030` or VLLM030_PYTHON)")
-def test_documented_format_on_vllm030(tiny_checkpoint):
+def test_documented_format_on_vllm030(tiny_config):
     """vLLM 0.30 (vllm-ascend v0.30.0's): the same cases, through its own parsers."""
-    proc = subprocess.run([VLLM030, "-c", ON_VLLM030, str(tiny_checkpoint)], capture_output=True, text=True,
+    proc = subprocess.run([VLLM030, "-c", ON_VLLM030, str(tiny_config)], capture_output=True, text=True,
                           timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
