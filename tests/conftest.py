@@ -40,9 +40,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 5.0, key: str | None = None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
@@ -74,14 +75,15 @@ class Server:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S) -> float:
-        """Seconds until /v1/models lists the served model; fails with the log if it never does."""
+    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S, key: str | None = None) -> float:
+        """Seconds until /v1/models (asked with the API key `key` if the server has one) lists the
+        served model; fails with the log if it never does."""
         start = time.monotonic()
         while time.monotonic() - start < timeout:
             if self.process.poll() is not None:
                 pytest.fail(f"server exited with {self.process.returncode} before ready:\n{self.log_tail()}")
             try:
-                status, body = http_get(f"{self.base_url}/v1/models", timeout=2)
+                status, body = http_get(f"{self.base_url}/v1/models", timeout=2, key=key)
                 if status == 200 and self.model in {m["id"] for m in json.loads(body)["data"]}:
                     return time.monotonic() - start
             except (OSError, ValueError):
@@ -159,6 +161,43 @@ def server(tiny_checkpoint, tmp_path_factory):
     try:
         ready_s = srv.wait_ready()
         print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
+        yield srv
+    finally:
+        srv.stop()
+
+
+# The second shared server, for what the first must not have (the first runs the CPU image's
+# defaults, which tests/test_deploy_cpu.py compares it with): an API key from a file (as a mounted
+# secret), one allowed local media directory, per-request processor options trusted
+# (--trust-request-mm-kwargs), prefix caching on and 64-token prefill chunks (every prompt longer
+# than that is prefilled in chunks). Its media URL settings are the defaults (fetching off). The
+# security proofs (tests/test_security.py), the request sweep's chunk boundaries, prefix cache and
+# processor options (test_request_sweep.py) and the whole parity prompt set (test_parity.py) only
+# send it requests; they need these settings together, none needs one of them absent.
+OTHER_SERVER_KEY = "sk-security-7c1e-never-in-argv-or-logs"
+OTHER_SERVER_CHUNK = 64  # its MAX_NUM_BATCHED_TOKENS
+
+
+@pytest.fixture(scope="session")
+def other_server_files(tmp_path_factory) -> pathlib.Path:
+    """The other server's key file (`api-key`), its allowed media directory (`media`) and log."""
+    files = tmp_path_factory.mktemp("other-server")
+    (files / "api-key").write_text(f"{OTHER_SERVER_KEY}\n")
+    (files / "media").mkdir()
+    return files
+
+
+@pytest.fixture(scope="session")
+def other_server(tiny_checkpoint, other_server_files):
+    """The second shared server (above): tests only send it requests, with OTHER_SERVER_KEY."""
+    srv = start_server(tiny_checkpoint, other_server_files / "server.log", "--trust-request-mm-kwargs",
+                       API_KEY_FILE=str(other_server_files / "api-key"),
+                       ALLOWED_LOCAL_MEDIA_PATH=str(other_server_files / "media"),
+                       ENABLE_PREFIX_CACHING="true", MAX_NUM_BATCHED_TOKENS=str(OTHER_SERVER_CHUNK))
+    tiers.allow_shared_server(srv.process.pid)
+    try:
+        ready_s = srv.wait_ready(key=OTHER_SERVER_KEY)
+        print(f"\nother shared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
         yield srv
     finally:
         srv.stop()

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env, free_port, start_server
+from conftest import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
 from minicpmv_ascend import parity_prompts
 
 PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
@@ -34,11 +34,12 @@ DEFAULT_OPTION_PROMPTS = ("text-greeting,reasoning-arithmetic,image-square-448,i
 TINY_MODEL_THRESHOLDS = ("--threshold", "top1_min=0.95")
 
 
-def run_parity(out: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """The command as a user runs it; returns the process and its JSON report (None if none)."""
+def run_parity(out: pathlib.Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The command as a user runs it (with `env` set); returns the process and its JSON report
+    (None if none)."""
     process = subprocess.run(
         [sys.executable, "-m", "minicpmv_ascend.parity", "--out", str(out), *args],
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
+        cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
     )
     report_path = out / "parity.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
@@ -150,17 +151,18 @@ def test_server_refusing_per_request_processor_options_is_a_usage_error(tmp_path
 # Healthy: HF fp32 vs vLLM bf16 passes
 
 
-@pytest.mark.engine
-def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoint):
-    """The whole built-in set (4x/16x and per-request slicing need --trust-request-mm-kwargs, so a
-    server of this test's own), plus one prompt from a JSONL file with a PNG file of its own."""
+@pytest.mark.server
+def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoint, other_server):
+    """The whole built-in set (4x/16x and per-request slicing need --trust-request-mm-kwargs: the
+    second shared server, which also prefills in 64-token chunks and caches prefixes, and wants
+    its API key), plus one prompt from a JSONL file with a PNG file of its own."""
     picture = tmp_path / "picture.png"
     parity_prompts.draw_image(300, 200, seed=99).save(picture)
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"id": "jsonl-file-image", "text": "What is this?", "images": [{"path": "picture.png"}]}) + "\n")
-    with own_server(tiny_checkpoint, tmp_path / "healthy.log", "--trust-request-mm-kwargs") as healthy:
-        process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}",
-                                     "--candidate", healthy.base_url, "--prompts", str(extra), *TINY_MODEL_THRESHOLDS)
+    process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}",
+                                 "--candidate", other_server.base_url, "--prompts", str(extra), *TINY_MODEL_THRESHOLDS,
+                                 VLLM_API_KEY=OTHER_SERVER_KEY)
     print(process.stdout)
     assert process.returncode == 0, process.stdout + process.stderr
     assert report["passed"] and report["prompt_set_version"] == parity_prompts.PROMPT_SET_VERSION

@@ -1,10 +1,12 @@
 """Security, tried for real: the API key on every route, server-side media fetching (SSRF) and
 the container's privileges.
 
-- `guarded`: this module's own vLLM server with the media defaults (fetching image URLs off), the
-  API key from a file (as a mounted Kubernetes/Docker secret) and one allowed local media
-  directory. The API-key proofs (route by route from its live /openapi.json and route list, and
-  path tricks over raw HTTP) and "off by default" run against it.
+- `guarded`: the second shared server (tests/conftest.py `other_server`), with the media URL
+  defaults (fetching image URLs off), the API key from a file (as a mounted Kubernetes/Docker
+  secret) and one allowed local media directory (its other settings, prefix caching, 64-token
+  chunks and trusted processor options, are the request sweep's and the parity run's). The API-key
+  proofs (route by route from its live /openapi.json and route list, and path tricks over raw
+  HTTP) and "off by default" run against it.
 - the shared `server` (tests/conftest.py) runs `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`: image
   URLs from public addresses, and one loopback host listed explicitly (the image-URL examples): the
   public-only refusals run against it, for real; the public decision itself is tested on addresses
@@ -28,7 +30,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, SERVER_READY_TIMEOUT_S, clean_env, start_server
+from conftest import OTHER_SERVER_KEY, REPO, clean_env
 from helpers_launcher import launcher_env, run_entrypoint
 from minicpmv_ascend import access, settings
 from test_deploy_support import (
@@ -50,7 +51,7 @@ from test_deploy_support import (
     server_container,
 )
 
-SECRET = "sk-security-7c1e-never-in-argv-or-logs"
+SECRET = OTHER_SERVER_KEY
 PROBE = REPO / "healthcheck" / "probe.py"
 
 
@@ -129,44 +130,19 @@ def image_host() -> Iterator[ImageHost]:
     host.close()
 
 
-def wait_ready_with_key(srv: Any, key: str) -> float:
-    """conftest's wait_ready asks /v1/models without a key; this server answers that with 401."""
-    start = time.monotonic()
-    while time.monotonic() - start < SERVER_READY_TIMEOUT_S:
-        if srv.process.poll() is not None:
-            pytest.fail(f"server exited with {srv.process.returncode} before ready:\n{srv.log_tail()}")
-        try:
-            status, body = request(srv.base_url, "/v1/models", key=key, timeout=2)
-            if status == 200 and srv.model in {m["id"] for m in json.loads(body)["data"]}:
-                return time.monotonic() - start
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not ready after {SERVER_READY_TIMEOUT_S} s:\n{srv.log_tail()}")
-
-
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> pathlib.Path:
-    """The guarded server's key file, its media directory and a picture outside of it."""
-    tmp = tmp_path_factory.mktemp("security")
-    (tmp / "api-key").write_text(f"{SECRET}\n")
-    (tmp / "media").mkdir()
-    (tmp / "media" / "red.png").write_bytes(png((200, 40, 40)))
-    (tmp / "outside").mkdir()
-    (tmp / "outside" / "blue.png").write_bytes(png((40, 40, 200)))
-    return tmp
+def files(other_server_files) -> pathlib.Path:
+    """The guarded server's key file and media directory, a picture in it and one outside of it."""
+    (other_server_files / "media" / "red.png").write_bytes(png((200, 40, 40)))
+    (other_server_files / "outside").mkdir(exist_ok=True)
+    (other_server_files / "outside" / "blue.png").write_bytes(png((40, 40, 200)))
+    return other_server_files
 
 
-@pytest.fixture(scope="module")
-def guarded(tiny_checkpoint, files):
-    """Media settings at their defaults except one local directory; the key from a file."""
-    srv = start_server(tiny_checkpoint, files / "server.log", API_KEY_FILE=str(files / "api-key"),
-                       ALLOWED_LOCAL_MEDIA_PATH=str(files / "media"))
-    try:
-        print(f"\nguarded server ready in {wait_ready_with_key(srv, SECRET):.1f} s")
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def guarded(other_server):
+    """Media URL settings at their defaults, one local directory, the key from a file."""
+    return other_server
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +150,7 @@ def guarded(tiny_checkpoint, files):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_requests_without_the_key_get_401(guarded) -> None:
     chat = {"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
     for key in (None, "sk-wrong"):
@@ -185,7 +161,7 @@ def test_requests_without_the_key_get_401(guarded) -> None:
     assert request(guarded.base_url, "/health")[0] == 200
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
     env = clean_env(PORT=str(guarded.port), SERVED_MODEL_NAME=guarded.model)
     for with_key in ({}, {"API_KEY_FILE": str(files / "api-key")}):  # liveness needs no key
@@ -258,7 +234,7 @@ def kind_of(method: str, path: str) -> str | None:
     return "key" if method in NEEDS_KEY.get(path, ()) else None
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_every_route_needs_the_key_except_the_public_ones(guarded) -> None:
     """Route by route from the live server: without a key, with a wrong key, with the key."""
     routes = served_routes(guarded)
@@ -288,7 +264,7 @@ def test_every_route_needs_the_key_except_the_public_ones(guarded) -> None:
     assert {"POST /scale_elastic_ep", "GET /load", "GET /kv_event_sources"} <= set(table["admin"])
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_invocations_runs_a_chat_only_with_the_key(guarded) -> None:
     """The reported hole, end to end: SageMaker's /invocations with a real chat body."""
     chat = json.dumps({"model": guarded.model, "max_tokens": 2,
@@ -316,7 +292,7 @@ PATH_TRICKS = [
 ]
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_path_tricks_methods_and_preflights_need_the_key(guarded) -> None:
     chat = json.dumps({"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
     outcomes = {}
@@ -353,7 +329,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_the_key_is_in_no_command_line_and_no_log(guarded) -> None:
     request(guarded.base_url, "/v1/models", key="sk-wrong")  # a rejected request is logged too
     processes = descendants(guarded.process.pid)
@@ -386,7 +362,7 @@ def test_dry_run_and_errors_never_show_the_key(tiny_config, tmp_path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host) -> None:
     for url in (f"http://127.0.0.1:{image_host.port}/x.png", f"http://localhost:{image_host.port}/x.png"):
         status, body = image_chat(guarded, url, SECRET)
@@ -399,7 +375,6 @@ def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host)
 
 
 @pytest.mark.server
-@pytest.mark.engine
 def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> None:
     inside, outside = files / "media" / "red.png", files / "outside" / "blue.png"
     assert image_chat(guarded, inside.as_uri(), SECRET)[0] == 200

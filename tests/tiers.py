@@ -2,19 +2,19 @@
 test to the markers pyproject.toml registers, so that the unit tier (`make check`: none of them)
 starts no vLLM and loads no torch outside the pytest process, whatever a test's author remembered.
 
-- `server`: uses the shared vLLM server (the `server` fixture of tests/conftest.py).
+- `server`: uses a shared vLLM server (the `server` or `other_server` fixture of tests/conftest.py).
 - `engine`: starts vLLM itself: a server, an engine core or an offline `vllm.LLM`.
 - `slow`: needs torch but no vLLM server or engine: the torch-generated random-weight checkpoint
   (`tiny_checkpoint`), or a process of its own that loads torch (vLLM's argument parser, its app
   or protocol code, a dry run of the launcher: ~10 s each). Tests that only read the checkpoint's
   config, tokenizer or file layout use `tiny_config` instead.
 
-At collection, a test that uses the `server` fixture (directly or through another fixture) must
-be marked `server`, and a test marked `server` must use it; a test that uses `tiny_checkpoint` must
+At collection, a test that uses a shared server's fixture (directly or through another fixture)
+must be marked `server`, and a test marked `server` must use one; a test that uses `tiny_checkpoint` must
 carry one of the three markers. At run time, below this pytest process: a vLLM server or engine
 that appears during a test not marked `engine` (its setup, call or teardown; whatever started it:
 tests/conftest.py's start_server, entrypoint.py in a subprocess, the bench's A/B, an offline LLM
-in a script) fails the test and is killed; only the shared server may start under `server`. A
+in a script) fails the test and is killed; only the shared servers may start under `server`. A
 process that loads torch during a test with none of the markers fails it too. At the end of the
 run, the vLLM servers and engines it started are listed by test: what the run costs.
 """
@@ -28,15 +28,16 @@ import psutil
 import pytest
 
 MARKERS = ("server", "engine", "slow")
+SHARED_SERVERS = {"server", "other_server"}  # the fixtures of tests/conftest.py
 POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
 
-_allowed_sessions: set[int] = set()  # the shared server's session (start_server starts a new one)
+_allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
 _started: list[tuple[str, str]] = []  # (test id, what started) for the summary
 
 
 def allow_shared_server(pid: int) -> None:
-    """The shared server's process (a session leader): what runs in its session is allowed."""
+    """A shared server's process (a session leader): what runs in its session is allowed."""
     _allowed_sessions.add(pid)
 
 
@@ -143,10 +144,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
         fixtures = set(getattr(item, "fixturenames", ()))
-        if "server" in fixtures and "server" not in marked:
-            problems.append(f"{item.nodeid}: uses the shared `server` fixture but is not marked `server`")
-        elif "server" in marked and "server" not in fixtures:
-            problems.append(f"{item.nodeid}: marked `server` but does not use the `server` fixture")
+        shared = sorted(SHARED_SERVERS & fixtures)
+        if shared and "server" not in marked:
+            problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
+        elif "server" in marked and not shared:
+            problems.append(f"{item.nodeid}: marked `server` but uses no shared server fixture ({', '.join(sorted(SHARED_SERVERS))})")
         if "tiny_checkpoint" in fixtures and not marked:
             problems.append(f"{item.nodeid}: uses `tiny_checkpoint` (torch-generated weights) unmarked: use "
                             "`tiny_config` if its config, tokenizer or files are enough, else mark it `slow`")
