@@ -16,6 +16,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import sysconfig
 from typing import Any
 
 import pytest
@@ -202,11 +203,13 @@ def vllm_trees() -> list[Any]:
     """vLLM 0.23 (.venv-vllm023), 0.30 (.venv-vllm030, or VLLM030_SOURCE: a directory holding the
     `vllm` package of the 0.30.0 wheel, e.g. `pip download vllm==0.30.0 --no-deps -d W && unzip -q
     W/*.whl 'vllm/*' -d DIR`) and 0.32 (this venv)."""
-    site = "lib/python3.11/site-packages/vllm"
-    trees = {"0.23.0": [REPO / ".venv-vllm023" / site],
-             "0.30.0": [REPO / ".venv-vllm030" / site] + ([pathlib.Path(os.environ["VLLM030_SOURCE"]) / "vllm"]
-                                                        if os.environ.get("VLLM030_SOURCE") else []),
-             "0.32.0": [REPO / ".venv" / site]}
+    def site(venv: str) -> list[pathlib.Path]:  # the venv's vLLM, whichever Python (3.11, 3.12) it has
+        return sorted((REPO / venv).glob("lib/python3.*/site-packages/vllm")) or [REPO / venv / "lib"]
+
+    trees = {"0.23.0": site(".venv-vllm023"),
+             "0.30.0": site(".venv-vllm030") + ([pathlib.Path(os.environ["VLLM030_SOURCE"]) / "vllm"]
+                                                if os.environ.get("VLLM030_SOURCE") else []),
+             "0.32.0": [pathlib.Path(sysconfig.get_paths()["purelib"]) / "vllm"]}
     params = []
     for version, candidates in trees.items():
         found = next((c for c in candidates if (c / "entrypoints").is_dir()), None)

@@ -24,6 +24,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import yaml
@@ -178,7 +179,7 @@ def stand_in_transformers(site: pathlib.Path, version: str, with_model: bool) ->
     (site / "transformers").mkdir()
     (site / "transformers" / "__init__.py").write_text("")
     if with_model:
-        real = REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "transformers" / pathlib.Path(*td.CONFIG_MODULE)
+        real = pathlib.Path(sysconfig.get_paths()["purelib"]) / "transformers" / pathlib.Path(*td.CONFIG_MODULE)
         target = site / "transformers" / pathlib.Path(*td.CONFIG_MODULE)
         target.parent.mkdir(parents=True)
         shutil.copy(real, target)
