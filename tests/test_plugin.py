@@ -3,8 +3,8 @@
 Here vLLM has every upstream fix, so the plugin must load in each vLLM process and apply no
 backport; the Ascend RoPE config it would apply on an NPU must be an exact no-op; its reasoning
 parser table must be vLLM 0.32's own `minicpmv` behaviour; and the check script for NPU users
-must work. The backports themselves are tested against vLLM 0.23.0's own code in plugin/tests
-(`make test` runs them in .venv-vllm023).
+must work. The backports themselves are tested against each Ascend target's own vLLM code in
+plugin/tests (`make test` runs them in .venv-vllm030 and .venv-vllm023).
 """
 
 from __future__ import annotations

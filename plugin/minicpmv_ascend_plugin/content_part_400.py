@@ -1,6 +1,6 @@
 """A Responses API content part that reaches vLLM's chat parser as a model object is parsed, not a 500.
 
-Bug (vLLM 0.32, found by `make fuzz`): /v1/responses validates an input item such as
+Bug (vLLM 0.23, 0.30 and 0.32; found by `make fuzz` on 0.32): /v1/responses validates an input item such as
 `{"type": "function_call_output", "id": "", "status": "completed", "output": [{"type":
 "input_file", "detail": null}]}` into the openai package's pydantic output-item model, whose
 `output` parts are pydantic objects, not dicts. vLLM's
@@ -68,7 +68,7 @@ PATCH = Patch(
     stage=AT_REGISTER,
     summary="a pydantic content part (Responses API output item) is parsed as the dict it was sent as; "
     "other non-dict parts are a 400, not an AssertionError 500",
-    upstream="vllm/renderers/chat_utils.py _parse_chat_message_content_mm_part asserts isinstance(part, dict) (0.32)",
+    upstream="vllm/renderers/chat_utils.py _parse_chat_message_content_mm_part asserts isinstance(part, dict) (0.23-0.32)",
     check=check,
     apply=apply,
 )

@@ -1,15 +1,15 @@
 """An image too large to decode (Pillow's decompression-bomb guard) is a 400, not a 500.
 
-Bug (vLLM 0.23 and 0.32, `vllm/multimodal/media/image.py`): `ImageMediaIO.load_bytes` opens the
+Bug (vLLM 0.23, 0.30 and 0.32, `vllm/multimodal/media/image.py`): `ImageMediaIO.load_bytes` opens the
 image with Pillow and turns `OSError` / `UnidentifiedImageError` into `ValueError("Failed to load
 image: ...")` (400). An image whose header claims more than Pillow's limit (2 x
 `PIL.Image.MAX_IMAGE_PIXELS` = 178,956,970 pixels, e.g. a 411-byte PNG that says 14000x14000)
 makes `Image.open` raise `PIL.Image.DecompressionBombError`, which is neither: it reaches vLLM's
 `create_error_response` as an unknown exception and the client gets 500 InternalServerError for
 its own oversized image. (vLLM 0.32's `VLLM_MAX_IMAGE_PIXELS` check comes after `Image.open`, so
-it never sees these.) No upstream fix (0.23, 0.32).
+it never sees these.) No upstream fix (0.23, 0.30, 0.32).
 
-Fix: the same refusal as `ValueError` (400 BadRequestError on 0.23 and 0.32), with Pillow's
+Fix: the same refusal as `ValueError` (400 BadRequestError on 0.23, 0.30 and 0.32), with Pillow's
 reason and what to do: "Failed to load image: Image size (196000000 pixels) exceeds limit of
 178956970 pixels, could be decompression bomb DOS attack. Downscale the image to at most
 178956970 pixels and send it again." Every image path (data: URL, http(s), file://) goes through
@@ -96,7 +96,7 @@ PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
     summary="an image above Pillow's pixel limit (decompression bomb): 400 (ValueError) instead of 500",
-    upstream="vllm/multimodal/media/image.py ImageMediaIO.load_bytes lets DecompressionBombError through (0.23, 0.32)",
+    upstream="vllm/multimodal/media/image.py ImageMediaIO.load_bytes lets DecompressionBombError through (0.23-0.32)",
     check=check,
     apply=apply,
 )

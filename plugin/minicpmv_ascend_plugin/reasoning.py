@@ -1,4 +1,6 @@
-"""Registration of the `minicpmv` reasoning parser (see reasoning_parser.py for the parser)."""
+"""Registration of the `minicpmv` reasoning parser (see reasoning_parser.py for the parser: on vLLM
+0.23 a subclass of the string-level `qwen3` parser, on vLLM >= 0.30 0.32's `minicpmv` grammar on
+the parser engine that `qwen3` runs on)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def apply(_: Any) -> None:
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
-    summary="registers --reasoning-parser minicpmv (vLLM's qwen3 parser, thinking on by default)",
+    summary="registers --reasoning-parser minicpmv: vLLM 0.32's minicpmv results, built on this vLLM's qwen3 "
+    "parser (thinking on by default)",
     upstream="vLLM >= 0.32 ships vllm/reasoning/minicpmv_reasoning_parser.py",
     check=check,
     apply=apply,

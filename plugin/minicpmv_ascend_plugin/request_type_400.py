@@ -1,8 +1,8 @@
 """A request field of the wrong JSON type that crashes one of vLLM's request validators is a 400.
 
-Bug (vLLM 0.32, found by `make fuzz`): the request models' `check_structured_outputs_count`
-(`entrypoints/openai/completion/protocol.py` and `chat_completion/protocol.py`, a pydantic
-`model_validator(mode="before")`) calls `.get()` on `structured_outputs` whatever its type. A
+Bug (vLLM 0.23, 0.30 and 0.32; found by `make fuzz` on 0.32): the request models'
+`check_structured_outputs_count` (`entrypoints/openai/completion/protocol.py` and
+`chat_completion/protocol.py`, a pydantic `model_validator(mode="before")`) calls `.get()` on `structured_outputs` whatever its type. A
 well-formed JSON body with `"structured_outputs": []` (or a string, a number) raises
 `AttributeError` inside pydantic, which is not a `ValidationError`, so FastAPI does not turn it
 into a 400: vLLM answers **500** "'list' object has no attribute 'get'" on /v1/completions,
@@ -11,14 +11,14 @@ not in 0.32 / 0.33).
 
 Fix: FastAPI's `ModelField.validate` (what validates every request body against its model) is
 wrapped: an `AttributeError`, `TypeError` or `KeyError` out of the model's validators becomes a
-validation error, which vLLM answers as 400 like every other one. `POST /invocations` (vLLM 0.32's
-SageMaker route) validates the body itself, trying one `pydantic.TypeAdapter` per request type and
-catching only `ValidationError`: its adapters are built from a TypeAdapter whose `validate_python`
-turns the same three errors into a `ValidationError`, so the route tries the next type and answers
-its own 400 "Cannot find suitable handler for request" instead of a 500. The message names the field
-when it is one of the known cases (`structured_outputs` must be a JSON object such as
-{"regex": "..."}), else it says which body field types to check. Bodies that validate, and
-every other error, are untouched.
+validation error, which vLLM answers as 400 like every other one. `POST /invocations` (vLLM's
+SageMaker route, 0.23 - 0.32) validates the body itself, trying one `pydantic.TypeAdapter` per
+request type and catching only `ValidationError`: its adapters are built from a TypeAdapter whose
+`validate_python` turns the same three errors into a `ValidationError`, so the route tries the next
+type and answers its own 400 "Cannot find suitable handler for request" instead of a 500. The
+message names the field when it is one of the known cases (`structured_outputs` must be a JSON
+object such as {"regex": "..."}), else it says which body field types to check. Bodies that
+validate, and every other error, are untouched.
 
 Applies when: vLLM's completion request model reads `structured_outputs` with `.get(` in
 `check_structured_outputs_count` and never checks that it is a dict (read from vLLM's source,
@@ -39,7 +39,7 @@ NAME = "request-type-400"
 PROTOCOL_FILES = ("entrypoints/openai/completion/protocol.py", "entrypoints/openai/protocol.py")  # 0.32, 0.23
 # FastAPI's request-body field, by FastAPI version (>= 0.119 has the pydantic-v2 module).
 FASTAPI_MODULES = ("fastapi._compat.v2", "fastapi._compat")
-INVOCATIONS_ROUTER = "vllm.entrypoints.serve.sagemaker.api_router"  # 0.32
+INVOCATIONS_ROUTER = "vllm.entrypoints.serve.sagemaker.api_router"  # 0.23 - 0.32
 OBJECT_FIELDS = {
     "structured_outputs": 'a JSON object with one constraint, e.g. {"regex": "[0-9]+"}, {"choice": ["a", "b"]} '
                           'or {"json": {...}}',
@@ -123,7 +123,7 @@ PATCH = Patch(
     stage=AT_REGISTER,
     summary="a body field of the wrong JSON type that crashes a request validator (e.g. structured_outputs: []) "
     "is a 400 naming the field, not a 500",
-    upstream="vllm/entrypoints/openai/*/protocol.py check_structured_outputs_count calls .get() on any type (0.32)",
+    upstream="vllm/entrypoints/openai/*/protocol.py check_structured_outputs_count calls .get() on any type (0.23-0.32)",
     check=check,
     apply=apply,
 )

@@ -1,6 +1,6 @@
 """An assistant message in a /v1/responses `input` with empty content or a refusal is served, not a 500.
 
-Bug (vLLM 0.32, found by `make fuzz`): `entrypoints/openai/responses/utils.py::
+Bug (vLLM 0.23, 0.30 and 0.32; found by `make fuzz` on 0.32): `entrypoints/openai/responses/utils.py::
 _construct_message_from_response_item` turns an earlier assistant turn
 (`{"type": "message", "role": "assistant", "content": [...]}`, an openai `ResponseOutputMessage`)
 into a chat message with `item.content[0].text`. With `"content": []` that is an IndexError
@@ -76,7 +76,7 @@ PATCH = Patch(
     summary="an assistant message in /v1/responses input with empty content or a refusal first is served "
     "(its text: the refusal, or empty), not a 500 (IndexError / AttributeError)",
     upstream="vllm/entrypoints/openai/responses/utils.py _construct_message_from_response_item reads "
-    "item.content[0].text unchecked (0.32)",
+    "item.content[0].text unchecked (0.23-0.32)",
     check=check,
     apply=apply,
 )

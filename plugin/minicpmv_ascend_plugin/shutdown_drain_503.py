@@ -1,6 +1,6 @@
 """During the SIGTERM drain: new requests and /health get 503, cut requests a JSON 503.
 
-Bugs (vLLM 0.23 and 0.32): on SIGTERM vLLM's `serve_http` runs
+Bugs (vLLM 0.23, 0.30 and 0.32): on SIGTERM vLLM's `serve_http` runs
 `engine_client.shutdown(timeout=--shutdown-timeout)` while uvicorn keeps serving, so that the
 requests in flight can finish (the drain). During the drain:
 1. a new request is still accepted and fails with 500 InternalServerError "cannot schedule new
@@ -10,7 +10,7 @@ requests in flight can finish (the drain). During the drain:
    engine stop (500 "EngineCore encountered an issue", vLLM's JSON) or, with the plugin's
    `shutdown-cut-requests`, uvicorn cancels it 3 s later and answers 500 with its own plain-text
    body "Internal Server Error" (not vLLM's JSON error shape); which one is a race.
-No upstream fix (0.23, 0.32).
+No upstream fix (0.23, 0.30, 0.32).
 
 Fix, in the API server: an ASGI wrapper around vLLM's app (given to uvicorn through
 `uvicorn.Config.load`), switched on when vLLM starts the drain (vLLM's engine client's
@@ -22,9 +22,9 @@ Fix, in the API server: an ASGI wrapper around vLLM's app (given to uvicorn thro
   shape, whichever way it was cut: "This server shut down before the request finished (it ran
   longer than --shutdown-timeout allows): send it again, to another instance." (uvicorn's
   cancellation is answered instead of uvicorn's plain-text 500; vLLM's "EngineCore encountered
-  an issue" 500 is replaced once the drain has started; a stream that already began gets that
-  error as its last event, `data: {"error": ...}` and `data: [DONE]`, as vLLM ends a stream on
-  an error). 503 because the server is unavailable, not broken: the request did nothing wrong
+  an issue" 500 is replaced once the drain has started, also where vLLM sends it as an event of
+  a stream that already began; a stream that uvicorn cuts gets that error as its last event,
+  `data: {"error": ...}` and `data: [DONE]`, as vLLM ends a stream on an error). 503 because the server is unavailable, not broken: the request did nothing wrong
   and another instance can serve it;
 - requests that finish within --shutdown-timeout, the exit code (0) and the timing are unchanged.
 
@@ -45,13 +45,13 @@ from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_onc
 from ._import_hook import when_imported
 
 NAME = "shutdown-drain-503"
-HEALTH_ROUTE = "entrypoints/serve/instrumentator/health.py"  # vLLM 0.23 and 0.32
+HEALTH_ROUTE = "entrypoints/serve/instrumentator/health.py"  # vLLM 0.23, 0.30 and 0.32
 OPEN_PATHS = frozenset({"/metrics"})  # still answered during the drain: scrapes see the shutdown
 NEW_REQUEST = ("This server is shutting down and accepts no new requests: send the request to another "
                "instance.")
 CUT_REQUEST = ("This server shut down before the request finished (it ran longer than --shutdown-timeout "
                "allows): send it again, to another instance.")
-ENGINE_DEAD = "EngineCore encountered an issue"  # vLLM's EngineDeadError message (0.23, 0.32)
+ENGINE_DEAD = "EngineCore encountered an issue"  # vLLM's EngineDeadError message (0.23 - 0.32)
 
 
 def error_body(message: str) -> bytes:
@@ -73,6 +73,21 @@ def is_engine_dead(body: bytes) -> bool:
         return ENGINE_DEAD in json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return False
+
+
+def is_event_stream(start: Any) -> bool:
+    headers = dict(start.get("headers") or []) if start else {}
+    return headers.get(b"content-type", b"").startswith(b"text/event-stream")
+
+
+def cut_stream_events(body: bytes) -> bytes:
+    """The stream chunk with vLLM's engine-died error event (`data: {"error": ...500}`) replaced
+    by the cut request's 503 event; every other line as it was."""
+    lines = body.split(b"\n")
+    for index, line in enumerate(lines):
+        if line.startswith(b"data: ") and is_engine_dead(line[len(b"data: "):]):
+            lines[index] = b"data: " + error_body(CUT_REQUEST)
+    return b"\n".join(lines)
 
 
 class DrainGuard:
@@ -123,8 +138,12 @@ class DrainGuard:
                 await send(held)
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
-            elif kind == "http.response.body" and not message.get("more_body", False):
-                sent["complete"] = True
+            elif kind == "http.response.body":
+                chunk = message.get("body", b"")
+                if self.draining and is_event_stream(sent["start"]) and ENGINE_DEAD.encode() in chunk:
+                    message = {**message, "body": cut_stream_events(message["body"])}
+                if not message.get("more_body", False):
+                    sent["complete"] = True
             await send(message)
 
         try:
@@ -136,8 +155,7 @@ class DrainGuard:
             if sent["start"] is None:
                 await respond_503(send, CUT_REQUEST)
                 return
-            headers = dict(sent["start"].get("headers") or [])
-            if not headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+            if not is_event_stream(sent["start"]):
                 raise
             event = b"data: " + error_body(CUT_REQUEST) + b"\n\ndata: [DONE]\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": False})
@@ -183,7 +201,7 @@ PATCH = Patch(
     summary="during the SIGTERM drain new requests and /health get 503, and cut requests a JSON 503 "
     "(not 500 'cannot schedule new futures after shutdown', 200, or uvicorn's plain-text 500)",
     upstream="vLLM's serve_http keeps serving during engine_client.shutdown(timeout) without refusing "
-    "new requests (0.23, 0.32; no fix)",
+    "new requests (0.23, 0.30, 0.32; no fix)",
     check=check,
     apply=apply,
 )

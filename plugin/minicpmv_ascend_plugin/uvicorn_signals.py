@@ -10,15 +10,15 @@ flight only `timeout_graceful_shutdown` long. With the plugin's `shutdown-cut-re
 every request still running 3 s after SIGTERM is cancelled, whatever --shutdown-timeout says
 (measured on vLLM 0.23's own server loop: a 10 s drain cut its requests after 3 s). Upstream:
 vLLM #49668 (ordering) and #50916 (a uvicorn.Server subclass with a no-op `capture_signals`,
-`NoSignalServer`, in vLLM 0.32).
+`NoSignalServer`, in vLLM 0.30 and 0.32).
 
 Fix: the same as #50916: `uvicorn.Server.capture_signals` does nothing in vLLM's API server
-process (vLLM's own handlers stop the server, as on 0.32). Applied when vLLM's launcher module is
-imported; no other uvicorn server runs in that process.
+process (vLLM's own handlers stop the server, as on 0.30 and 0.32). Applied when vLLM's launcher
+module is imported; no other uvicorn server runs in that process.
 
 Applies when: vLLM's launcher registers its own SIGTERM handler with `loop.add_signal_handler`
 and runs `uvicorn.Server(...)` without overriding `capture_signals` (read from its source).
-Delete when: vLLM's launcher disables uvicorn's signal handlers itself (vLLM >= 0.32).
+Delete when: vLLM's launcher disables uvicorn's signal handlers itself (vLLM 0.30 and 0.32 do).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ PATCH = Patch(
     stage=AT_REGISTER,
     summary="uvicorn installs no SIGTERM/SIGINT handlers in vLLM's API server: vLLM's drain runs with "
     "the port open and is not cut 3 s after SIGTERM (backport of vLLM #50916)",
-    upstream="vLLM #50916 (NoSignalServer; #49668), in 0.32",
+    upstream="vLLM #50916 (NoSignalServer; #49668), in 0.30 and 0.32",
     check=check,
     apply=apply,
 )

@@ -9,8 +9,8 @@ go through Starlette's TestClient without the app's lifespan: no engine exists, 
 runs fails on the missing engine (500) or on the empty body (4xx): "served", as opposed to 401 or
 the access control's 403.
 
-Used by tests/test_access.py (vLLM 0.32, .venv) and plugin/tests/test_access_vllm023.py
-(vLLM 0.23, .venv-vllm023 with FastAPI borrowed from .venv as in serve_harness.py).
+Used by tests/test_access.py (vLLM 0.32, .venv) and plugin/tests/test_access.py (each Ascend
+target's vLLM: .venv-vllm030, .venv-vllm023, whose locks carry FastAPI, Starlette and httpx).
 """
 
 from __future__ import annotations
@@ -25,13 +25,6 @@ from typing import Any
 REPO = pathlib.Path(__file__).resolve().parents[2]
 KEY = "sk-access-harness-3b9d"
 ROUTE_FAMILIES_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-
-
-def borrow_api_server_packages() -> None:
-    """vLLM 0.23's venv has no FastAPI/uvicorn/httpx: the CPU venv's, behind its own packages."""
-    for site in sorted((REPO / ".venv" / "lib").glob("python3.*/site-packages")):
-        if str(site) not in sys.path:
-            sys.path.append(str(site))
 
 
 def build(middleware: str | None, tmp: pathlib.Path) -> Any:
@@ -157,8 +150,8 @@ def open_without_key(result: dict[str, Any]) -> set[str]:
 
 
 def report_from(python: str, tmp: pathlib.Path, timeout: float = 600) -> dict[str, Any]:
-    """report() of another venv's vLLM (0.23, 0.30), run by its interpreter in a fresh process
-    with this checkout's `minicpmv_ascend` and the CPU venv's API server packages behind its own."""
+    """report() of a venv's vLLM, run by its interpreter in a fresh process with this checkout's
+    `minicpmv_ascend`."""
     import json
     import subprocess
 
@@ -174,6 +167,5 @@ if __name__ == "__main__":  # `python access_harness.py TMPDIR`: see report_from
     import json
     import logging
 
-    borrow_api_server_packages()
     logging.disable(logging.ERROR)  # vLLM logs every handler that fails for the missing engine
     print("RESULT " + json.dumps(report(pathlib.Path(sys.argv[1]))), flush=True)

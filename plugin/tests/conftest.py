@@ -1,5 +1,5 @@
-"""Fixtures for the tests that run against vLLM 0.23.0's own code (`make test` runs them with
-`.venv-vllm023/bin/python -m pytest plugin/tests`)."""
+"""Fixtures for the tests that run against an Ascend target's own vLLM code (`make test` runs them
+once per target: `.venv-vllm030/bin/python -m pytest plugin/tests`, then `.venv-vllm023/...`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _vllm023 import REPO, Vllm023, ensure_vllm023  # noqa: E402
+from _target import REPO, Target, VllmCode, current_target  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    ensure_vllm023()  # a wrong venv fails loudly instead of skipping everything
+    current_target()  # a wrong venv fails loudly instead of skipping everything
+
+
+def pytest_report_header() -> str:
+    target = current_target()
+    return f"Ascend target {target.tag}: vLLM {target.vllm}, transformers {target.transformers_pin}"
+
+
+@pytest.fixture(scope="session")
+def target() -> Target:
+    return current_target()
 
 
 @pytest.fixture(scope="session")
@@ -26,26 +36,47 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def vllm023_session(checkpoint: pathlib.Path) -> Vllm023:
-    return Vllm023(checkpoint)
+def vllm_code_session(checkpoint: pathlib.Path) -> VllmCode:
+    return VllmCode(checkpoint)
 
 
 @pytest.fixture
-def vllm023(vllm023_session: Vllm023):
-    """vLLM 0.23 as released (no patch); tests call `.apply(...)`; restored afterwards."""
-    vllm023_session.restore()
-    yield vllm023_session
-    vllm023_session.restore()
+def vllm_code(vllm_code_session: VllmCode):
+    """The target's vLLM as released (no patch); tests call `.apply(...)`; restored afterwards."""
+    vllm_code_session.restore()
+    yield vllm_code_session
+    vllm_code_session.restore()
+
+
+@pytest.fixture(scope="module")
+def minicpmv_parser(target: Target):
+    """`--reasoning-parser minicpmv` as the plugin leaves it on this target: registered by the
+    plugin's reasoning-parser where vLLM has none (checked: not there before), vLLM's own
+    otherwise. The plugin's registration is taken back afterwards, so every test starts from the
+    target's own registry."""
+    from vllm.reasoning import ReasoningParserManager
+
+    from minicpmv_ascend_plugin import reasoning
+
+    registered = "minicpmv" in ReasoningParserManager.list_registered()
+    assert registered != target.needs("reasoning-parser")
+    assert (reasoning.check(None) is None) == target.needs("reasoning-parser")
+    if not registered:
+        reasoning.apply(None)
+    yield "minicpmv"
+    if not registered:
+        ReasoningParserManager.lazy_parsers.pop("minicpmv", None)
+        ReasoningParserManager.reasoning_parsers.pop("minicpmv", None)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The sweep's mismatch table (also in build/plugin-sweep-vllm023.json)."""
-    report = getattr(sys.modules.get("test_sweep_vllm023"), "REPORT", None)
+    """The sweep's mismatch table (also in build/plugin-sweep-<target>.json)."""
+    report = getattr(sys.modules.get("test_sweep"), "REPORT", None)
     if not report:
         return
     write = terminalreporter.write_line
-    write(f"placeholder sweep vs transformers: {report['sizes']} sizes, {report['cases']} cases, "
-          f"{report['seconds']} s (of which transformers {report['transformers_seconds']} s)")
+    write(f"placeholder sweep vs transformers ({report['target']}): {report['sizes']} sizes, {report['cases']} "
+          f"cases, {report['seconds']} s (of which transformers {report['transformers_seconds']} s)")
     for name, configs in report["table"].items():
         write(f"  {name}:")
         for config, v in configs.items():

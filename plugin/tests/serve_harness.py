@@ -1,12 +1,12 @@
-"""vLLM 0.23's own API server loop (`serve_http`, its signal handling, watchdog and
+"""The target vLLM's own API server loop (`serve_http`, its signal handling, watchdog and
 `terminate_if_errored`) around a stand-in engine client, run the way `vllm serve` runs it.
 
-No 0.23 engine can start on a CPU, so the engine client is an `AsyncLLM` without an engine core:
-its `errored` / `is_running` say whether the "engine" died, and its `shutdown()` is vLLM's own.
-`vllm serve`'s `run_server` (`vllm.entrypoints.cli.serve.run_server`) is replaced by one that
-serves a FastAPI app through vLLM 0.23's `serve_http` BEFORE vLLM loads plugins, so the plugin
-wraps it where it would wrap vLLM's. The API server dependencies the 0.23 venv lacks (uvicorn,
-FastAPI, ...) come from the CPU venv, behind the 0.23 venv's own packages.
+No engine of these CUDA wheels can start on a CPU, so the engine client is an `AsyncLLM` without
+an engine core: its `errored` / `is_running` say whether the "engine" died, and its `shutdown()` is
+vLLM's own. `vllm serve`'s `run_server` (`vllm.entrypoints.cli.serve.run_server`) is replaced by one
+that serves a FastAPI app through vLLM's `serve_http` BEFORE vLLM loads plugins, so the plugin
+wraps it where it would wrap vLLM's. uvicorn and FastAPI are in each target's lock, at the CPU
+stack's versions (within both vLLMs' ranges).
 
 Usage: python serve_harness.py PORT death|sigterm|drain
   death    the engine dies 1 s after start (vLLM's watchdog notices within 5 s), no request
@@ -15,8 +15,10 @@ Usage: python serve_harness.py PORT death|sigterm|drain
   drain    --shutdown-timeout DRAIN_S: the engine client's engine core takes DRAIN_S s to stop
            (vLLM's drain), then the engine is dead. In flight at SIGTERM: a request that
            finishes DRAIN_S - 2 s into the drain, one that never gets output (uvicorn cuts it)
-           and one that fails with EngineDeadError when the engine stops (vLLM 0.23's own
-           exception handler answers it); 0.5 s into the drain, /health (vLLM 0.23's route) and
+           and one that fails with EngineDeadError when the engine stops (the target's own
+           exception handler answers it), and a stream that began before SIGTERM and ends with
+           the EngineDeadError event when the engine stops (as vLLM's serving code ends a stream
+           on an error); 0.5 s into the drain, /health (the target's route) and
            a new request.
 Prints `RESULT {json}` (each request's HTTP status, body and content type; seconds from SIGTERM
 to the end of run_server; the last line counts, one is printed after each request in case the
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pathlib
 import signal
 import sys
 import threading
@@ -36,18 +37,21 @@ import time
 import urllib.error
 import urllib.request
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.extend(str(p) for p in sorted((REPO / ".venv" / "lib").glob("python3.*/site-packages")))
+import uvloop
+import vllm.entrypoints.cli.serve as cli_serve
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from vllm.plugins import load_general_plugins
+from vllm.v1.engine.async_llm import AsyncLLM
 
-import uvloop  # noqa: E402
-import vllm.entrypoints.cli.serve as cli_serve  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
-from vllm.entrypoints import launcher  # noqa: E402
-from vllm.entrypoints.serve.instrumentator.health import router as health_router  # noqa: E402
-from vllm.entrypoints.serve.utils.server_utils import engine_error_handler  # noqa: E402
-from vllm.plugins import load_general_plugins  # noqa: E402
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
-from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
+try:  # vLLM >= 0.30
+    from vllm.entrypoints.launchers import launcher
+    from vllm.entrypoints.serve.exception_handling.handlers.vllm_error import engine_error_handler
+except ImportError:  # vLLM 0.23
+    from vllm.entrypoints import launcher  # type: ignore[no-redef]
+    from vllm.entrypoints.serve.utils.server_utils import engine_error_handler  # type: ignore[no-redef]
+from vllm.entrypoints.serve.instrumentator.health import router as health_router
+from vllm.v1.engine.exceptions import EngineDeadError
 
 port, mode = int(sys.argv[1]), sys.argv[2]
 DRAIN_S = 6  # longer than shutdown_cut_requests.GRACE_S (3): the drain must not be cut at 3 s
@@ -116,8 +120,8 @@ async def run_server(args: object) -> None:
     app = FastAPI()
     app.state.engine_client = engine
     app.state.args = type("Args", (), {"log_error_stack": False})()
-    app.include_router(health_router)  # vLLM 0.23's /health
-    app.exception_handler(EngineDeadError)(engine_error_handler)  # vLLM 0.23's
+    app.include_router(health_router)  # the target's /health
+    app.exception_handler(EngineDeadError)(engine_error_handler)  # the target's
 
     @app.get("/generate")
     async def generate() -> dict:
@@ -128,6 +132,17 @@ async def run_server(args: object) -> None:
     async def generate_engine_dies() -> dict:
         await stopped.wait()  # vLLM's output handler sees the engine stop before it is cancelled
         raise EngineDeadError()
+
+    @app.get("/generate-stream-engine-dies")
+    async def generate_stream_engine_dies() -> StreamingResponse:
+        async def events():  # the stream's 200 went out before the engine stopped
+            yield 'data: {"choices": []}\n\n'
+            await stopped.wait()
+            error = {"message": str(EngineDeadError()), "type": "InternalServerError", "param": None, "code": 500}
+            yield f"data: {json.dumps({'error': error})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.get("/slow")
     async def slow() -> dict:
@@ -146,11 +161,13 @@ async def run_server(args: object) -> None:
         if mode == "drain":  # clients that give up sooner: without the plugin the cut one hangs
             in_background("/generate", "status", DRAIN_S + 10)
             in_background("/generate-engine-dies", "engine_dies", DRAIN_S + 10)
+            in_background("/generate-stream-engine-dies", "stream_engine_dies", DRAIN_S + 10)
             in_background("/slow", "slow", DRAIN_S + 10)
         else:
             in_background()
         await asyncio.sleep(1)  # the requests are in flight
         result["sigterm_at"] = time.monotonic()
+        print(f"SIGTERM at {time.time()}", flush=True)  # wall clock: read by the test if it hangs
         os.kill(os.getpid(), signal.SIGTERM)
         if mode == "drain":
             await asyncio.sleep(0.5)  # the drain has begun

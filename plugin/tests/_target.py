@@ -1,20 +1,28 @@
-"""vLLM 0.23.0's own MiniCPM-V 4.6 code, driven on a CPU, with or without this plugin's patches.
+"""The running target's vLLM code (0.23.0 or 0.30.0: what vllm-ascend's images ship), driven on
+a CPU, with or without this plugin's patches.
 
-What runs is vLLM 0.23.0's real code: its `ModelConfig`, the multimodal processor it builds
+`make test` runs plugin/tests once per Ascend target of deploy/ascend-targets.yaml, each time with
+that target's venv (`.venv-vllm023`, `.venv-vllm030`, from the target's `test_lock`); the tests
+read the running vLLM's version to know the target (`current_target()`) and what its code needs
+(`NEEDED`). Where a patch is needed, a test shows the bug with vLLM's own code and the fix with the
+patch; where it is not, a test shows vLLM's own code doing the right thing.
+
+What runs is the target's real code: its `ModelConfig`, the multimodal processor it builds
 (`MULTIMODAL_REGISTRY.create_processor`), `processor.apply()` / `_get_prompt_updates()`, its
 encoder batching (`group_and_batch_mm_kwargs`) and the model's `embed_multimodal()` running its
-vision tower. Two things differ from a server, both forced by the CPU: vLLM 0.23's compiled ops are
-CUDA builds (the platform is "unspecified"), so no server and no language model can start
+vision tower. Two things differ from a server, both forced by the CPU: these vLLM wheels' compiled
+ops are CUDA builds (the platform is "unspecified"), so no server and no language model can start
 (`Qwen3_5` GDN layers ask the platform for a device it does not have); the vision tower is
-therefore built from vLLM 0.23's own classes with the arguments its `__init__` uses, and random
+therefore built from the target's own classes with the arguments its `__init__` uses, and random
 weights (the tests compare shapes and batch-invariance, not answers).
 
-The plugin patches class attributes. `Vllm023.restore()` puts vLLM's originals back, so each test
+The plugin patches class attributes. `VllmCode.restore()` puts vLLM's originals back, so each test
 states which patches it wants (`apply(...)`), exactly as the plugin would apply them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import sys
@@ -23,21 +31,84 @@ from collections.abc import Iterable
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+TARGETS_FILE = REPO / "deploy" / "ascend-targets.yaml"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
+PROCESSING_PATCHES = ("processor-version", "image-size-order", "max-slice-nums")
+# The API-server patches both targets need (each shown on the target's own server loop, media
+# loader, request models and chat/Responses parsers in test_server_patches.py and
+# test_fuzz_findings.py).
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400",
+                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
+                  "public-media-urls")
+# What each target's own code needs on this CPU (platform "unspecified": rotary-mrope is for Ascend
+# only, gdn-one-token-prefill for vLLM-CPU's conv kernel only). This is the claim the tests check
+# against vLLM's behaviour, and the predicates against it.
+NEEDED: dict[str, frozenset[str]] = {
+    "0.23.0": frozenset({"reasoning-parser", "gdn-state-dtype", "processor-version", "image-size-order",
+                         "vit-merger-flags", "max-slice-nums", *SERVER_PATCHES, "uvicorn-signals",
+                         "json-whitespace"}),
+    # 0.30 has vLLM #44980 (native processor) and #45244 + the (rows, cols) layout, but neither the
+    # per-item merger flags, nor the per-request max_slice_nums, nor a `minicpmv` reasoning parser;
+    # its launcher already runs uvicorn without uvicorn's signal handlers (NoSignalServer, #50916).
+    "0.30.0": frozenset({"reasoning-parser", "gdn-state-dtype", "vit-merger-flags", "max-slice-nums",
+                         *SERVER_PATCHES, "json-whitespace"}),
+}
 
 
-def ensure_vllm023() -> None:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One row of deploy/ascend-targets.yaml, and what its vLLM needs from the plugin."""
+
+    tag: str
+    vllm: str
+    transformers_pin: str
+    test_lock: str
+
+    @property
+    def name(self) -> str:
+        return f"vLLM {self.vllm.rsplit('.', 1)[0]}"  # "vLLM 0.30"
+
+    def needs(self, patch: str) -> bool:
+        return patch in NEEDED[self.vllm]
+
+    def processing_fixes(self, *leave_out: str) -> tuple[str, ...]:
+        """The processing backports this target needs (what the plugin applies), minus `leave_out`."""
+        return tuple(p for p in PROCESSING_PATCHES if self.needs(p) and p not in leave_out)
+
+
+def targets() -> dict[str, Target]:
+    import yaml
+
+    table = yaml.safe_load(TARGETS_FILE.read_text(encoding="utf-8"))
+    return {tag: Target(tag, str(row["vllm"]), str(row["transformers_pin"]), str(row["test_lock"]))
+            for tag, row in table["targets"].items()}
+
+
+def current_target() -> Target:
+    """The target whose vLLM runs here; a venv that is no target's fails loudly."""
+    import importlib.metadata
+
     import vllm
 
-    if not str(vllm.__version__).startswith("0.23."):
-        raise RuntimeError(f"plugin/tests run against vLLM 0.23.x (`make venv-vllm023`), not {vllm.__version__}")
+    running = str(vllm.__version__)
+    found = [t for t in targets().values() if t.vllm == running]
+    if not found:
+        raise RuntimeError(f"plugin/tests run against an Ascend target's vLLM ({TARGETS_FILE.name}: "
+                           f"{sorted(t.vllm for t in targets().values())}; `make venv-vllm030` ...), "
+                           f"not vLLM {running}")
+    target = found[0]
+    transformers = importlib.metadata.version("transformers")
+    if transformers != target.transformers_pin or target.vllm not in NEEDED:
+        raise RuntimeError(f"{target.tag}'s test venv must hold transformers {target.transformers_pin} "
+                           f"(has {transformers}) and be listed in _target.NEEDED")
+    return target
 
 
-class Vllm023:
-    """vLLM 0.23's MiniCPM-V 4.6 processor (and, on demand, vision tower) for one checkpoint."""
+class VllmCode:
+    """The target vLLM's MiniCPM-V 4.6 processor (and, on demand, vision tower) for one checkpoint."""
 
     def __init__(self, checkpoint: pathlib.Path) -> None:
-        ensure_vllm023()
+        self.target = current_target()
         # The plugin must not be loaded behind the tests' back: they apply patches themselves.
         os.environ["VLLM_PLUGINS"] = ""
         from vllm.config import ModelConfig
@@ -61,7 +132,7 @@ class Vllm023:
     # -- patches ------------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """vLLM 0.23's classes exactly as vLLM defines them."""
+        """vLLM's classes exactly as vLLM defines them."""
         for cls, original in self._originals.items():
             for name in [n for n in vars(cls) if n not in original]:
                 delattr(cls, name)
@@ -95,12 +166,14 @@ class Vllm023:
         if videos:
             data["video"] = list(videos)
         items = self.processor.info.parse_mm_data(data)
-        return self.processor.apply(ProcessorInputs(prompt, items, hf_processor_mm_kwargs=mm_kwargs),
+        prompt_ids = self.encode([prompt])[0]  # vLLM >= 0.30 takes token ids only
+        return self.processor.apply(ProcessorInputs(prompt_ids, items, hf_processor_mm_kwargs=mm_kwargs),
                                     TimingContext(enabled=False))
 
-    def image_placeholder(self, width: int, height: int, **mm_kwargs: Any) -> str:
-        """The text vLLM replaces one image's `<|image_pad|>` with: `_get_prompt_updates()` and its
-        image replacement, as `apply()` calls them, without processing the pixels."""
+    def image_placeholder(self, width: int, height: int, **mm_kwargs: Any) -> str | list[int]:
+        """What vLLM replaces one image's `<|image_pad|>` with (text on 0.23, token ids on 0.30):
+        `_get_prompt_updates()` and its image replacement, as `apply()` calls them, without
+        processing the pixels."""
         import torch
 
         items = self.processor.info.parse_mm_data({"image": [torch.empty(3, height, width, dtype=torch.uint8)]})
@@ -109,13 +182,23 @@ class Vllm023:
         details = update.replacement(0)
         return details.full if hasattr(details, "full") else details
 
+    def ids(self, placeholders: list[str | list[int]]) -> list[list[int]]:
+        """Token ids of `image_placeholder()` results (texts tokenized in one batch)."""
+        encoded = iter(self.encode([p for p in placeholders if isinstance(p, str)]) if placeholders else [])
+        return [next(encoded) if isinstance(p, str) else list(p) for p in placeholders]
+
+    def placeholder_ids(self, width: int, height: int, **mm_kwargs: Any) -> list[int]:
+        return self.ids([self.image_placeholder(width, height, **mm_kwargs)])[0]
+
     def encode(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     # -- vision tower ---------------------------------------------------------------------------
 
     def model(self) -> Any:
-        """MiniCPMV4_6ForConditionalGeneration with vLLM 0.23's vision tower (random weights)."""
+        """MiniCPMV4_6ForConditionalGeneration with the target's vision tower (random weights)."""
         if self._model is None:
             self._model = self._build_vision_model()
         return self._model
@@ -137,7 +220,7 @@ class Vllm023:
             model = m.MiniCPMV4_6ForConditionalGeneration.__new__(m.MiniCPMV4_6ForConditionalGeneration)
             nn.Module.__init__(model)
             model.config = config
-            # The vision half of MiniCPMV4_6ForConditionalGeneration.__init__ (vLLM 0.23.0).
+            # The vision half of MiniCPMV4_6ForConditionalGeneration.__init__ (0.23.0, 0.30.0).
             model.vpm = Idefics2VisionTransformer(config.vision_config, quant_config=None,
                                                   apply_encoder_attention_mask=True, prefix="vpm")
             if config.drop_vision_last_layer:
@@ -209,11 +292,38 @@ def hf_image_ids(processor: Any, width: int, height: int, **kwargs: Any) -> list
     return processor(text=IMAGE_PAD, images=[image], **kwargs)["input_ids"][0].tolist()
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS",) and not k.startswith("MINICPMV_")}
+    full_env.update(env or {})
+    return full_env
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
     """Run `code` with this venv's python (a fresh vLLM process); returns CompletedProcess."""
     import subprocess
 
-    full_env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS",) and not k.startswith("MINICPMV_")}
-    full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=REPO)
+                          env=_env(env), cwd=REPO)
+
+
+def results_each(code: str, *envs: dict[str, str] | None, timeout: float = 300) -> list[dict[str, Any]]:
+    """The `RESULT {json}` line of `code` run once per environment in `envs`, the processes side by
+    side (most of each is vLLM's import); each must exit 0."""
+    import json
+    import subprocess
+
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=_env(env), cwd=REPO) for env in envs]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    results = []
+    for process, (stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+        line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
+        results.append(json.loads(line.removeprefix("RESULT ")))
+    return results

@@ -1,32 +1,32 @@
-"""The fuzzer's 500s (request-type-400, content-part-400, responses-assistant-content) on vLLM 0.23's own
-code: the same bugs are there, and the same patches fix them.
+"""The fuzzer's 500s (request-type-400, content-part-400, responses-assistant-content) on the
+target's own code: the same bugs are there, and the same patches fix them.
 
 Found by `make fuzz` on vLLM 0.32 (docs/reliability.md); tests/test_fuzz_findings.py shows them on
-0.32 and through the real server. Here vLLM 0.23's request model, chat parser and Responses API
-converter are called directly, with the plugin and with MINICPMV_ASCEND_PLUGIN=off (the bug).
+0.32 and through the real server. Here the target's request model (through FastAPI's body field),
+chat parser and Responses API converter are called directly, with the plugin and with
+MINICPMV_ASCEND_PLUGIN=off (the bug).
 """
 
 from __future__ import annotations
 
-import json
 import textwrap
 
-from _vllm023 import run_python
+from _target import results_each
 
 PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
 
 CODE = textwrap.dedent("""
-    import json, pathlib, sys, types
-    # vLLM 0.23's error mapping imports FastAPI, which the 0.23 venv lacks: the CPU venv's.
-    sys.path.extend(str(p) for p in sorted(pathlib.Path(".venv/lib").glob("python3.*/site-packages")))
+    import importlib, json, types
     from vllm.plugins import load_general_plugins
     load_general_plugins()
     from fastapi._compat.v2 import ModelField
     from pydantic.fields import FieldInfo
     from openai.types.responses import ResponseInputText, ResponseOutputMessage, ResponseOutputRefusal
-    from vllm.entrypoints import chat_utils
+    from minicpmv_ascend_plugin import content_part_400
+    from minicpmv_ascend_plugin._base import module_name, source_of
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses import utils
+    chat_utils = importlib.import_module(module_name(source_of(*content_part_400.CHAT_UTILS)[0]))
 
     def outcome(call):
         try:
@@ -50,14 +50,10 @@ CODE = textwrap.dedent("""
 """)
 
 
-def result(env: dict[str, str] | None = None) -> dict:
-    proc = run_python(CODE, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
-
-
-def test_the_fuzzers_500s_on_vllm023_without_and_with_the_plugin():
-    bug, fixed = result(PLUGIN_OFF), result()
+def test_the_fuzzers_500s_without_and_with_the_plugin(target):
+    for patch in ("request-type-400", "content-part-400", "responses-assistant-content"):
+        assert target.needs(patch), f"{patch} not needed on {target.name}: add its expectations"
+    bug, fixed = results_each(CODE, PLUGIN_OFF, None)
     assert bug["structured_outputs"] == ["AttributeError", "'list' object has no attribute 'get'"]
     assert bug["pydantic_part"][0] == "AssertionError"
     assert bug["empty_assistant"] == ["IndexError", "list index out of range"]

