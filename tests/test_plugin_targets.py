@@ -22,7 +22,7 @@ from conftest import REPO, clean_env
 
 sys.path.insert(0, str(REPO / "scripts"))
 
-import patch_table  # noqa: E402
+import patch_table
 
 TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
 
