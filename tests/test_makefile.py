@@ -88,7 +88,9 @@ def test_the_index_is_overridable_or_off() -> None:
 
 
 def test_every_venv_built_from_a_lock_with_cpu_torch_takes_torch_from_the_index() -> None:
-    for target, lock in (("venv-vllm023", "requirements/vllm023.lock"), ("lock", "requirements/cpu.in")):
+    targets = re.search(r"^PLUGIN_TARGETS := (.+)$", (REPO / "Makefile").read_text(), re.M)[1].split()
+    assert targets, "no plugin target venvs in the Makefile"
+    for target, lock in [(f"venv-{t}", f"requirements/{t}.lock") for t in targets] + [("lock", "requirements/cpu.in")]:
         assert "torch==2.13.0+cpu" in (REPO / lock).read_text(), lock
         steps = pip_lines(make_n(target).stdout)
         assert f"--extra-index-url {CPU_INDEX} \"$(grep -m1 '^torch==' {lock})\"" in steps[0], (target, steps)
@@ -101,6 +103,30 @@ def test_one_index_variable_for_make_the_cpu_image_and_compose() -> None:
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["minicpmv-cpu"]["build"]["args"]
     assert makefile == dockerfile == CPU_INDEX
     assert compose["TORCH_INDEX_URL"] == f"${{TORCH_INDEX_URL:-{CPU_INDEX}}}"
+
+
+# --------------------------------------------------------------------------------------------
+# The developers' loop
+# --------------------------------------------------------------------------------------------
+
+
+def test_help_names_the_quick_start_and_the_fast_loop() -> None:
+    result = subprocess.run([MAKE, "help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands = re.findall(r"make (\w+)", result.stdout)
+    assert commands[:3] == ["serve", "test", "check"], result.stdout
+
+
+def test_check_is_ruff_and_the_tests_with_no_tier_marker() -> None:
+    """`make check` runs the lint gate and pytest deselecting every marker tests/tiers.py enforces."""
+    import tiers
+
+    steps = make_n("check").stdout.splitlines()
+    pytest_step = next(line for line in steps if "-m pytest" in line)
+    unit_tier = re.search(r'-m "([^"]+)"', pytest_step)[1]
+    assert unit_tier == " and ".join(f"not {marker}" for marker in tiers.MARKERS), pytest_step
+    assert "plugin/tests" not in pytest_step
+    assert any("ruff check" in line for line in steps), steps
 
 
 # --------------------------------------------------------------------------------------------
