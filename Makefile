@@ -42,6 +42,9 @@ VPY := $(VENV)/bin/python
 # The stamp depends on everything that decides the environment's content, so `make venv` re-runs
 # only when one of them changes and is a no-op (seconds) otherwise.
 STAMP := $(VENV)/.installed
+# The Ascend targets whose vLLM the plugin's tests run against (venvs below). Defined before any
+# rule that lists it as a prerequisite: make expands prerequisites where it reads the rule.
+PLUGIN_TARGETS := vllm030 vllm023
 
 .PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
 venv: $(STAMP)
@@ -102,7 +105,6 @@ lint: lint-tools
 # for the plugin's backport tests: one venv per target of deploy/ascend-targets.yaml, built from its
 # `test_lock` (requirements/vllmXYZ.lock -> .venv-vllmXYZ; tests/test_plugin_targets.py keeps this
 # list and the table in line). 1.5-3.5 minutes cold each with a warm pip cache, then cached.
-PLUGIN_TARGETS := vllm030 vllm023
 PLUGIN_STAMPS := $(PLUGIN_TARGETS:%=.venv-%/.installed)
 $(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
 .PHONY: $(PLUGIN_TARGETS:%=venv-%)

@@ -51,9 +51,14 @@ def test_make_test_runs_plugin_tests_in_every_targets_venv():
     listed = re.search(r"^PLUGIN_TARGETS := (.+)$", makefile, re.M).group(1).split()
     assert listed == [patch_table.target_venv(t["test_lock"]).removeprefix(".venv-") for t in TARGETS.values()]
     assert [f".venv-{name}" for name in listed] + [".venv"] == patch_table.venvs()
-    recipe = makefile[makefile.index("\ntest:"):makefile.index("\n\n", makefile.index("\ntest:"))]
-    assert "$(PLUGIN_TARGETS:%=venv-%)" in recipe and "for target in $(PLUGIN_TARGETS)" in recipe
-    assert ".venv-$$target/bin/python -m pytest plugin/tests" in recipe
+    # What make itself reads (a dry run prints its rule database): `make test` builds every
+    # target's venv first and runs plugin/tests in each (a textual check of the Makefile passed while
+    # the venvs were an empty list, PLUGIN_TARGETS being defined below the rule).
+    database = subprocess.run(["make", "-pn", "test"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    prerequisites = re.search(r"^test: (.*)$", database, re.M).group(1).split()
+    assert all(f"venv-{name}" in prerequisites for name in listed), prerequisites
+    assert f"for target in {' '.join(listed)}; do" in database  # the recipe as make expands it
+    assert ".venv-$target/bin/python -m pytest plugin/tests" in database
 
 
 def test_patch_table_is_the_same_in_both_files_and_lists_every_patch():
