@@ -67,10 +67,10 @@ help:
 
 # Accuracy parity (docs/parity.md) and benchmarks (docs/performance.md); their options go in ARGS.
 parity: venv
-	$(VPY) -m minicpmv_ascend.parity $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.parity $(ARGS)
 
 bench: venv
-	$(VPY) -m minicpmv_ascend.bench $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.bench $(ARGS)
 
 # The lint gate, then pytest runs: the plugin's backports against each Ascend target's own vLLM
 # code (plugin/tests, once per target venv, 4-7 min each here), then everything else. All always
@@ -188,4 +188,4 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
 # its own server unless ARGS has --url; the report goes to build/fuzz unless ARGS has --out DIR.
 fuzz: venv fuzz-tools
-	$(VPY) -m minicpmv_ascend.fuzz $(ARGS)
+	$(VPY) -m minicpmv_ascend.tools.fuzz $(ARGS)

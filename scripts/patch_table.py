@@ -49,11 +49,10 @@ NOTE = (
 
 def decisions() -> dict[str, Any]:
     """This interpreter's plugin decisions (run in a fresh process: report() patches vLLM)."""
-    import minicpmv_ascend_plugin as plugin
-    from minicpmv_ascend_plugin._base import platform_name, vllm_version
+    import minicpmv_ascend_plugin as plugin  # its public API (docs/architecture.md, rule 7)
 
     rows = plugin.report(import_model=True)
-    return {"vllm": vllm_version(), "platform": platform_name(),
+    return {"vllm": plugin.vllm_version(), "platform": plugin.platform_name(),
             "patches": [{k: row[k] for k in ("name", "status", "reason", "summary")} for row in rows]}
 
 

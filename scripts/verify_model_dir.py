@@ -3,13 +3,13 @@
 
     scripts/verify_model_dir.py MODEL_DIR [--json] [--wait SECONDS]
 
-Runs anywhere: Python 3.7 or newer (Kylin V10 and EulerOS ship 3.7), standard library only, this
-one file (copy it to a host that has nothing else of this project). It judges a directory exactly
-as the server's start-up check does (`minicpmv_ascend.settings.checkpoint_problems`: config,
-tokenizer and processor files, every weight shard named in the index, safetensors headers against
-file sizes; a test keeps the two in agreement). On top, it says whether config.json describes
-MiniCPM-V 4.6, and warns when the files are not readable by the container's user (UID 1000), as
-happens after a download under `umask 077`.
+Runs on Python 3.7 or newer (Kylin V10 and EulerOS ship 3.7), standard library only: in a checkout
+of this repository (it imports the package's src/ beside it, like healthcheck/probe.py) or where the
+package is installed (the images). It judges a directory with the server's own start-up check
+(`minicpmv_ascend.common.model_files.checkpoint_problems`: config, tokenizer and processor files,
+every weight shard named in the index, safetensors headers against file sizes). On top, it says
+whether config.json describes MiniCPM-V 4.6, and warns when the files are not readable by the
+container's user (UID 1000), as happens after a download under `umask 077`.
 
 --wait SECONDS: check again every SECONDS until the directory is complete (a missing directory
 counts as "not downloaded yet"), printing what is still missing whenever that changes; the server's
@@ -38,60 +38,20 @@ EXPECTED_ARCHITECTURE = "MiniCPMV4_6ForConditionalGeneration"
 EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 # Who reads the weights in the container (the image's user; compose and Kubernetes run it so).
 CONTAINER_UID = 1000
-# The same file sets as minicpmv_ascend.settings (TOKENIZER_FILES, PROCESSOR_FILES).
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 WAIT_REPEAT_S = 300  # while waiting, repeat an unchanged status this often (a sign of life in logs)
 
+# Checked before the package is imported (it needs 3.7): an older interpreter gets a usage error
+# (exit 2), never a traceback (exit 1, which would read as a crash of this script).
+if __name__ == "__main__" and sys.version_info < MIN_PYTHON:
+    print("verify_model_dir: needs Python {}.{} or newer, this is {} ({})".format(
+        MIN_PYTHON[0], MIN_PYTHON[1], sys.version.split()[0], sys.executable), file=sys.stderr)
+    sys.exit(EXIT_USAGE)
 
-def safetensors_problem(path):
-    """A truncated download is the usual broken checkpoint: compare the header with the size."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if size < 8 or header_len > size - 8:
-                return "{} is truncated ({} bytes)".format(path.name, size)
-            header = json.loads(f.read(header_len))
-    except (OSError, ValueError) as err:
-        return "{} is not a readable safetensors file ({})".format(path.name, err)
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if size < 8 + header_len + end:
-        return "{} is truncated ({} bytes, its header promises {})".format(
-            path.name, size, 8 + header_len + end)
-    return None
-
-
-def checkpoint_problems(model_dir):
-    """What is missing or broken in a checkpoint directory (empty list: complete)."""
-    problems = []
-    if not (model_dir / "config.json").is_file():
-        problems.append("config.json is missing")
-    if not (model_dir / "tokenizer_config.json").is_file() or not any(
-            (model_dir / f).is_file() for f in TOKENIZER_FILES):
-        problems.append("tokenizer files are missing (tokenizer_config.json and one of {})".format(
-            ", ".join(TOKENIZER_FILES)))
-    if not any((model_dir / f).is_file() for f in PROCESSOR_FILES):
-        problems.append("the processor config is missing ({})".format(" or ".join(PROCESSOR_FILES)))
-    indexes = (sorted(model_dir.glob("*.safetensors.index.json"))
-               + sorted(model_dir.glob("*.bin.index.json")))
-    shards = set()
-    for index in indexes:
-        try:
-            shards |= set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError) as err:
-            problems.append("{} is unreadable ({})".format(index.name, err))
-    missing = sorted(s for s in shards if not (model_dir / s).is_file())
-    if missing:
-        problems.append("weight shards named in the index are missing: {}".format(", ".join(missing)))
-    weights = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    if not weights and not indexes:
-        problems.append("no weight files (*.safetensors or *.bin)")
-    for weight in weights:
-        problem = safetensors_problem(weight) if weight.suffix == ".safetensors" else None
-        if problem:
-            problems.append(problem)
-    return problems
+try:
+    from minicpmv_ascend.common.model_files import checkpoint_problems
+except ImportError:  # a checkout where the package is not installed: its src/
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "src"))
+    from minicpmv_ascend.common.model_files import checkpoint_problems
 
 
 def describe(model_dir):
@@ -182,10 +142,6 @@ def positive_seconds(value):
 
 
 def main(argv=None):
-    if sys.version_info < MIN_PYTHON:
-        print("verify_model_dir: needs Python {}.{} or newer, this is {} ({})".format(
-            MIN_PYTHON[0], MIN_PYTHON[1], sys.version.split()[0], sys.executable), file=sys.stderr)
-        return EXIT_USAGE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=pathlib.Path, help="checkpoint directory (with config.json)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")

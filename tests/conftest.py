@@ -8,42 +8,33 @@ with the tail of its log.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 import tiers
+from minicpmv_ascend.tools import lifecycle
+from minicpmv_ascend.tools.lifecycle import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # The markers `server`, `engine` and `checkpoint`, enforced at collection and at run time.
-    config.pluginmanager.register(tiers, "tiers")
 SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
 SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
 SERVER_STOP_TIMEOUT_S = 60
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def pytest_configure(config: pytest.Config) -> None:
+    # The markers `server`, `engine` and `slow`, enforced at collection and at run time.
+    config.pluginmanager.register(tiers, "tiers")
 
 
-def http_get(url: str, timeout: float = 5.0, key: str | None = None) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
@@ -75,31 +66,17 @@ class Server:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S, key: str | None = None) -> float:
-        """Seconds until /v1/models (asked with the API key `key` if the server has one) lists the
-        served model; fails with the log if it never does."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.process.poll() is not None:
-                pytest.fail(f"server exited with {self.process.returncode} before ready:\n{self.log_tail()}")
-            try:
-                status, body = http_get(f"{self.base_url}/v1/models", timeout=2, key=key)
-                if status == 200 and self.model in {m["id"] for m in json.loads(body)["data"]}:
-                    return time.monotonic() - start
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.5)
-        pytest.fail(f"server not ready after {timeout} s:\n{self.log_tail()}")
+    def wait_ready(self, timeout: float = SERVER_READY_TIMEOUT_S, api_key: str | None = None) -> float:
+        """Seconds until /v1/models lists the served model; fails with the log if it never does."""
+        try:
+            return lifecycle.wait_ready(self.process, self.base_url, timeout, self.model, api_key)
+        except lifecycle.NotReady as err:
+            pytest.fail(f"server {err}:\n{self.log_tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = SERVER_STOP_TIMEOUT_S) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        """`sig` to the server (SIGKILL to its process group after `timeout`), then the rest of its
+        group; its exit code."""
+        return lifecycle.stop(self.process, sig, timeout)
 
 
 def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args: str, **env: str) -> Server:
@@ -108,15 +85,8 @@ def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args:
     if checkpoint is not None:
         env["MODEL_PATH"] = str(checkpoint)
     server_env = clean_env(PORT=str(port), **env)
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "entrypoint.py"), *args],
-        cwd=REPO,
-        env=server_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # signals from the terminal do not reach it; tests send their own
-    )
+    # A session of its own: signals from the terminal do not reach it; tests send their own.
+    process = lifecycle.start(lifecycle.entrypoint_command(*args), log_path, server_env, cwd=REPO)
     model = server_env.get("SERVED_MODEL_NAME", SERVED_MODEL_NAME)
     return Server(process, port, model, log_path, {"PORT": str(port), "SERVED_MODEL_NAME": model})
 
@@ -196,7 +166,7 @@ def other_server(tiny_checkpoint, other_server_files):
                        ENABLE_PREFIX_CACHING="true", MAX_NUM_BATCHED_TOKENS=str(OTHER_SERVER_CHUNK))
     tiers.allow_shared_server(srv.process.pid)
     try:
-        ready_s = srv.wait_ready(key=OTHER_SERVER_KEY)
+        ready_s = srv.wait_ready(api_key=OTHER_SERVER_KEY)
         print(f"\nother shared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
         yield srv
     finally:

@@ -84,7 +84,8 @@ def test_thinking_off_puts_everything_in_content(client, server):
 
 @pytest.mark.parametrize("size", [(448, 448), (1084, 820), (64, 512)])
 def test_image_chat_adds_image_tokens(client, server, size):
-    """1084x820 is a size where vLLM 0.23 miscounts placeholders (FACTS §3.3); 0.32 must not."""
+    """1084x820 is a size where vLLM 0.23 miscounts placeholders (docs/design/ascend-stack.md,
+    known problem 3); 0.32 must not."""
     text_only = chat(client, server, [{"role": "user", "content": "Describe the image."}])
     with_image = chat(client, server, image_message(png_data_url(*size)))
     assert with_image.choices[0].finish_reason in ("stop", "length")

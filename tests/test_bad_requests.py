@@ -33,7 +33,7 @@ DOC = REPO / "docs" / "reliability.md"
 START_MARK = "<!-- bad-requests:start"
 END_MARK = "<!-- bad-requests:end -->"
 MB = 2**20
-IMAGE_LIMIT = 5  # limit_mm_per_prompt image default (settings.py)
+IMAGE_LIMIT = 5  # limit_mm_per_prompt image default (the settings table)
 MAX_MODEL_LEN = 8192  # max_model_len default, which the shared server runs with
 TIMEOUT_S = 120  # per request: every case is answered well within it (the slowest: ~10 s)
 

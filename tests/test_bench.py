@@ -1,4 +1,4 @@
-"""The benchmark harness (minicpmv_ascend.bench) against the real vLLM CPU server, tiny checkpoint.
+"""The benchmark harness (minicpmv_ascend.tools.bench) against the real vLLM CPU server, tiny checkpoint.
 
 Smoke runs only: they check that every cell ran through vLLM's own `vllm bench serve` and that the
 JSON, Markdown and plots hold complete, sane numbers. No timing assertions: speed on a shared
@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, clean_env
 
-BENCH = [sys.executable, "-m", "minicpmv_ascend.bench"]
+BENCH = [sys.executable, "-m", "minicpmv_ascend.tools.bench"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--num-prompts", "2", "--input-len", "16", "--output-len", "4", "--warmups", "0"]
 
@@ -95,7 +95,7 @@ def test_decode_cost_counts_the_language_model_weights(tiny_checkpoint):
     """Bytes per token against an independent count: every tensor of the text model, read with safetensors."""
     from safetensors import safe_open
 
-    from minicpmv_ascend import roofline
+    from minicpmv_ascend.tools import roofline
 
     total = 0
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:

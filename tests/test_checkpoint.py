@@ -70,7 +70,7 @@ def test_tiny_config_is_the_tiny_checkpoint_without_its_weights(tiny_config, tin
 
 
 def test_full_preset_has_the_released_model_shapes(tmp_path):
-    """Built on the meta device (no memory, no time): ~1.3B parameters, FACTS §1 / §3.7 shapes."""
+    """Built on the meta device (no memory, no time): ~1.3B parameters, the shapes of docs/design/model.md, "Architecture and shapes"."""
     tokenizer = checkpoint.build_tokenizer(tmp_path)
     config = checkpoint.build_config(checkpoint.PRESETS["full"], tokenizer)
     with torch.device("meta"):

@@ -1,7 +1,8 @@
 """compose.yaml and env/*.env: the Compose Specification schema, the NPU devices and driver mounts
-an Ascend container needs (FACTS §4), health checks, and env files that hold only what the
-entrypoint declares (plus an explicit list of runtime variables), set only what differs from the
-defaults, and resolve without a configuration error."""
+an Ascend container needs (docs/design/ascend-stack.md, "Running Ascend containers"), health
+checks, and env files that hold only what the entrypoint declares (plus an explicit list of
+runtime variables), set only what differs from the defaults, and resolve without a configuration
+error."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from test_deploy_support import (
 )
 
 COMPOSE = REPO / "compose.yaml"
-# FACTS §4: what `docker run` needs for one Ascend card.
+# What `docker run` needs for one Ascend card: docs/design/ascend-stack.md, "Running Ascend containers".
 NPU_CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 DRIVER_MOUNTS = (
     "/usr/local/dcmi",
@@ -129,7 +130,8 @@ def test_ascend_service_basics() -> None:
         "VLLM_ASCEND_IMAGE": TARGETS_TABLE["image"], "PIP_INDEX_URL": ""}}
     assert service["image"] == project_image("a2")
     assert service["env_file"] == ["env/ascend.env"]
-    assert size_bytes(service["shm_size"]) >= 2**30, "FACTS §4: --shm-size 1g or more"
+    assert size_bytes(service["shm_size"]) >= 2**30, (
+        "--shm-size 1g or more (docs/design/ascend-stack.md, Running Ascend containers)")
     assert service["restart"] in ("unless-stopped", "always", "on-failure")
     assert service["group_add"] == [TEST_GID], "the driver's group (HwHiAiUser) for the non-root user"
     assert not service.get("init"), "the image's PID 1 is tini already"
@@ -311,7 +313,8 @@ def test_ascend_env_file_carries_the_rope_workaround_and_tutorial_runtime_values
 
     env = env_mapping(ASCEND_ENV)
     overrides = json.loads(env["HF_OVERRIDES"])
-    # FACTS §3.6: nested under text_config, or the plain rotary embedding still crashes.
+    # Nested under text_config, or the plain rotary embedding still crashes
+    # (docs/design/ascend-stack.md, known problem 6).
     assert overrides == {"text_config": {"rope_parameters": {"mrope_section": [11, 11, 10],
                                                              "mrope_interleaved": True}}}
     assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True" and env["OMP_PROC_BIND"] == "false"

@@ -180,7 +180,8 @@ def test_components_driver_mounts_model_hostpath_and_servicemonitor(rendered, ov
     pod = deployment["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in server_container(deployment)["volumeMounts"]}
-    for path in DRIVER_MOUNTS:  # FACTS §4, for nodes without Ascend Docker Runtime
+    # For nodes without Ascend Docker Runtime (docs/design/ascend-stack.md, "Running Ascend containers").
+    for path in DRIVER_MOUNTS:
         assert mounts[path]["readOnly"] is True, path
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
     models = volumes[mounts["/models"]["name"]]

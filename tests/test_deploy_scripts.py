@@ -183,9 +183,9 @@ def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_config, t
     result = verify(str(broken))
     # 3, not 1: Python exits 1 on any crash, which must never read as "incomplete".
     assert result.returncode == 3 and "tokenizer files are missing" in result.stderr
-    from minicpmv_ascend import settings  # the same judgement as the server's start-up check
+    from minicpmv_ascend.common import model_files  # the server's start-up check
 
-    assert settings.checkpoint_problems(broken) and "tokenizer" in settings.checkpoint_problems(broken)[0]
+    assert model_files.checkpoint_problems(broken) and "tokenizer" in model_files.checkpoint_problems(broken)[0]
 
 
 def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO, clean_env
-from minicpmv_ascend import targets
+from minicpmv_ascend.tools import targets
 from test_deploy_support import ASCEND_ENV, TARGETS, TARGETS_TABLE
 
 TABLE_FILE = REPO / "deploy" / "ascend-targets.yaml"
@@ -45,7 +45,7 @@ def test_every_fact_has_a_source_or_is_open(tag: str) -> None:
     (the operator checklist settles it on an image)."""
     target = TARGETS_TABLE["targets"][tag]
     sources, still_open = target.get("sources", {}), target.get("open", [])
-    for fact in (*targets.FACTS, "vllm", "transformers_pin"):
+    for fact in (*targets.FACT_FIELDS, "vllm", "transformers_pin"):
         assert fact in target, f"{tag}: {fact} missing (write null and list it as open)"
         if target[fact] is None:
             assert fact in still_open, f"{tag}: {fact} is null but not listed as open"
@@ -53,13 +53,13 @@ def test_every_fact_has_a_source_or_is_open(tag: str) -> None:
             assert fact not in still_open, f"{tag}: {fact} has a value but is listed as open"
             assert len(sources.get(fact, "")) > 20, f"{tag}: {fact} = {target[fact]} has no source"
             assert re.search(r"https://|wheel metadata", sources[fact]), f"{tag}: {fact}: source without an address"
-    assert set(sources) <= {*targets.FACTS, "vllm", "transformers_pin"}, f"{tag}: sources for unknown fields"
+    assert set(sources) <= {*targets.FACT_FIELDS, "vllm", "transformers_pin"}, f"{tag}: sources for unknown fields"
 
 
 def test_values_are_strings_as_written() -> None:
     """YAML reads 3.12 as a float and 2026-08-16 as a date unless quoted: every fact is text."""
     for tag, target in TARGETS_TABLE["targets"].items():
-        for fact in (*targets.FACTS, "vllm", "transformers_pin"):
+        for fact in (*targets.FACT_FIELDS, "vllm", "transformers_pin"):
             assert target[fact] is None or isinstance(target[fact], str), (tag, fact, target[fact])
 
 
@@ -68,8 +68,8 @@ def test_docs_targets_section_is_generated_from_the_table() -> None:
     start = text.index("<!-- targets-table:start")
     body = text[text.index("\n", start) + 1:text.index("<!-- targets-table:end")]
     assert body == targets.markdown(targets.load(TABLE_FILE)), \
-        "regenerate: python -m minicpmv_ascend.targets --markdown (between the targets-table markers)"
-    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.targets", "--markdown"], capture_output=True,
+        "regenerate: python -m minicpmv_ascend.tools.targets --markdown (between the targets-table markers)"
+    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.tools.targets", "--markdown"], capture_output=True,
                          text=True, check=True, env=clean_env()).stdout
     assert out == body
     for tag in TARGETS_TABLE["targets"]:

@@ -241,11 +241,7 @@ def in_background(function, *args) -> tuple[threading.Thread, dict]:
 
 def stop_all(srv) -> None:
     """SIGKILL the server and whatever is left of its process group (EngineCore, worker)."""
-    srv.stop(signal.SIGKILL)
-    try:
-        os.killpg(srv.process.pid, signal.SIGKILL)  # start_server made it a group leader
-    except ProcessLookupError:
-        pass
+    srv.stop(signal.SIGKILL)  # lifecycle.stop: SIGKILL goes to the whole group
 
 
 # ------------------------------------------------------------------ overload, then SIGTERM

@@ -1,6 +1,6 @@
 """The API fuzzer's short slice against the shared server, and its parts that need no server.
 
-`minicpmv-fuzz --profile slice` (src/minicpmv_ascend/fuzz.py) runs schemathesis (from .venv-fuzz,
+`minicpmv-fuzz --profile slice` (src/minicpmv_ascend/tools/fuzz.py) runs schemathesis (from .venv-fuzz,
 `make fuzz-tools`) on every route the server publishes in its /openapi.json, with a fixed seed and
 at most SLICE_EXAMPLES requests per route: every answer must be 2xx or a 4xx with a JSON error
 body, never 5xx, within the bound; /health 200 after each route; a normal text and image chat
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import REPO
-from minicpmv_ascend import fuzz
+from minicpmv_ascend.tools import fuzz
 
 SLICE_BUDGET_S = 600  # measured 2-4 min on the shared 2-core machine (docs/reliability.md)
 
@@ -29,7 +29,7 @@ def test_fuzz_slice_every_route(server, tmp_path):
     assert st.exists(), "the fuzzer's environment is missing: run `make fuzz-tools` (make test builds it)"
     out = tmp_path / "fuzz"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "minicpmv_ascend.fuzz", "--url", server.base_url,
+    done = subprocess.run([sys.executable, "-m", "minicpmv_ascend.tools.fuzz", "--url", server.base_url,
                            "--profile", "slice", "--out", str(out), "--model", server.model],
                           capture_output=True, text=True, timeout=SLICE_BUDGET_S, cwd=REPO)
     wall = time.monotonic() - started

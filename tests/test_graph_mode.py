@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from conftest import REPO, clean_env
-from minicpmv_ascend import bench
 from minicpmv_ascend.settings import ConfigError, build_plan, check_with_vllm, resolve
+from minicpmv_ascend.tools import bench, lifecycle
 
 PROFILE = bench.PROFILES["decode-graphs"]["env"]
 MODEL_ID = {"MODEL_PATH": "OpenBMB/MiniCPM-V-4.6-Thinking", "VLLM_USE_MODELSCOPE": "1"}
@@ -101,18 +101,19 @@ def test_bench_starts_the_launcher_where_no_checkout_is(tmp_path, monkeypatch) -
     profile = bench.make_profile("decode-graphs", {}, "B", tmp_path)
     cmd, env = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
     assert cmd[1] == str(REPO / "entrypoint.py") and env["COMPILATION_CONFIG"] == PROFILE["COMPILATION_CONFIG"]
-    monkeypatch.setattr(bench, "REPO", tmp_path)
+    monkeypatch.setattr(lifecycle, "REPO", tmp_path)
     cmd, _ = bench.server_command(profile, tmp_path, 8123, "m", ["--max-log-len", "10"])
     assert cmd[1:] == ["-m", "minicpmv_ascend.launcher", "--max-log-len", "10"]
     shown = subprocess.run([cmd[0], "-m", "minicpmv_ascend.launcher", "--help"], capture_output=True, text=True,
                            timeout=60, cwd=tmp_path, env=clean_env())
     assert shown.returncode == 0 and "compilation_config / COMPILATION_CONFIG" in shown.stdout
-    assert bench.VLLM_PROCESS.search(" ".join(cmd))
+    assert lifecycle.VLLM_PROCESS.search(" ".join(cmd))
 
 
 PARSE = textwrap.dedent("""\
     import json, sys
     from minicpmv_ascend import settings
+    from minicpmv_ascend.settings import vllm_check
     environ = json.loads(sys.argv[1])
     plan = settings.build_plan(settings.resolve([], environ), environ, "cpu")
     import vllm
@@ -121,7 +122,7 @@ PARSE = textwrap.dedent("""\
     # These CUDA wheels detect no platform on this machine; the parser's defaults need one (0.30
     # builds a DeviceConfig for them). The flags are parsed the same on every platform.
     vllm.platforms._current_platform = CpuPlatform()
-    parser = settings._vllm_parser()  # vllm serve's parser (each target's lock carries FastAPI)
+    parser = vllm_check.vllm_parser()  # vllm serve's parser (each target's lock carries FastAPI)
     namespace, rest = parser.parse_known_args(plan.vllm_args)
     assert "--compilation-config" not in rest and "--no-enforce-eager" not in rest, rest
     mode = namespace.compilation_config.cudagraph_mode

@@ -124,17 +124,16 @@ def damaged_copies(checkpoint: pathlib.Path, root: pathlib.Path) -> dict[str, pa
 
 
 def test_verify_judges_like_the_servers_start_check(tiny_config, tmp_path) -> None:
-    """The stand-alone script and the launcher's settings.checkpoint_problems agree, problem by
-    problem, on every kind of damage (they are two copies: the script must run without the
-    package's dependencies; this test keeps them the same)."""
-    from minicpmv_ascend import settings
+    """The script reports the server's own start-up check (common.model_files, which settings
+    uses too), problem by problem, on every kind of damage, with exit code 3 for any of them."""
+    from minicpmv_ascend.common import model_files
 
     cases = damaged_copies(tiny_config, tmp_path)
     cases["complete"] = tiny_config
     for name, directory in cases.items():
         result = run(sys.executable, str(VERIFY), str(directory), "--json")
         report = json.loads(result.stdout)
-        assert report["problems"] == settings.checkpoint_problems(directory), name
+        assert report["problems"] == model_files.checkpoint_problems(directory), name
         assert result.returncode == (0 if name == "complete" else 3), (name, result.stderr)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from helpers_launcher import SECRET, launcher_env, run_entrypoint
 from minicpmv_ascend import settings
+from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import SETTINGS
 
 VLLM_PARSER_FAIL_S = 90  # hang guard for errors found by vLLM's parser (imports vLLM: ~8-15 s)
@@ -89,7 +90,7 @@ def test_interrupted_generation_leaves_no_checkpoint(tmp_path):
 
     subprocess.run([sys.executable, "-c", code, str(target)], env=launcher_env(), check=True,
                    capture_output=True, timeout=300)
-    assert settings.checkpoint_problems(target) == []
+    assert model_files.checkpoint_problems(target) == []
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # the abandoned attempt is cleaned up
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from minicpmv_ascend import media_urls
 
-# Addresses huggingface.co (the seed document's image host) and its CDN resolved to: public.
+# Addresses huggingface.co (the image host of the first seed document's example request:
+# docs/design/seed-documents.md) and its CDN resolved to: public.
 SEED_HOST = "huggingface.co"
 PUBLIC = {SEED_HOST: ["18.239.50.16", "18.239.50.80", "2600:9000:234c:c800:17:b174:6d00:93a1"],
           "cdn-lfs.hf.co": ["3.167.152.69"]}

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from conftest import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
-from minicpmv_ascend import parity_prompts
+from minicpmv_ascend.tools import parity_prompts
 
 PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
 # Prompts the shared server accepts (it is started without --trust-request-mm-kwargs, so it refuses
@@ -29,7 +29,7 @@ DEFAULT_OPTION_PROMPTS = ("text-greeting,reasoning-arithmetic,image-square-448,i
 # The tiny random checkpoint's logits reach |z| of 32-64, where bf16 steps by 0.25-0.5 nat: a few
 # positions whose reference top-1/top-2 gap is below 0.1 nat flip between two healthy runs (measured:
 # 98.1% top-1 agreement for HF fp32 vs vLLM bf16 on multi-image, all at gaps < 0.1, no confident
-# flip). FACTS' 98.5% is meant for the released model; here the bar is lowered and the other bars
+# flip). docs/design/accuracy.md's 98.5% is meant for the released model; here the bar is lowered and the other bars
 # (confident flips, floor ratios) carry the check.
 TINY_MODEL_THRESHOLDS = ("--threshold", "top1_min=0.95")
 
@@ -38,7 +38,7 @@ def run_parity(out: pathlib.Path, *args: str, **env: str) -> tuple[subprocess.Co
     """The command as a user runs it (with `env` set); returns the process and its JSON report
     (None if none)."""
     process = subprocess.run(
-        [sys.executable, "-m", "minicpmv_ascend.parity", "--out", str(out), *args],
+        [sys.executable, "-m", "minicpmv_ascend.tools.parity", "--out", str(out), *args],
         cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
     )
     report_path = out / "parity.json"
@@ -224,7 +224,7 @@ def broken_run(tmp_path, tiny_checkpoint, server, checkpoint, *server_args):
 @pytest.mark.engine
 @pytest.mark.server
 def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
-    """insert_layer_id at the vision layer count: the vit_merger is never reached (FACTS §6)."""
+    """insert_layer_id at the vision layer count: the vit_merger is never reached (docs/design/model.md, "Vision path")."""
     checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "no-merger")
     config = json.loads((checkpoint / "config.json").read_text())
     config["insert_layer_id"] = config["vision_config"]["num_hidden_layers"]

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from minicpmv_ascend import probes
+from minicpmv_ascend.common.http import Client
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = REPO / "healthcheck" / "probe.py"
@@ -241,7 +242,7 @@ def test_smoke_fails_when_the_answer_does_not_match(server: Any) -> None:
 def test_smoke_fails_when_reasoning_is_expected_but_thinking_is_off(server: Any) -> None:
     """What a server without --reasoning-parser looks like from the probe's side, checked on a
     real response: the thinking-off answer has no `reasoning`, so the thinking-on check fails."""
-    client = probes.Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
+    client = Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
     case = probes.ChatCase("text", with_image=False, thinking=False, max_tokens=8)
     response = client.post_json("/v1/chat/completions",
                                 probes.chat_payload(case, server.model, ""))
@@ -281,7 +282,7 @@ _CASE = probes.ChatCase("text", with_image=False, thinking=None, max_tokens=8)
 
 
 def _real_completion(server: Any) -> dict[str, Any]:
-    client = probes.Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
+    client = Client(server.base_url, 60, os.environ.get("VLLM_API_KEY"))
     return client.post_json("/v1/chat/completions", probes.chat_payload(_CASE, server.model, ""))
 
 
@@ -349,19 +350,25 @@ def test_probe_image_decodes_with_pillow() -> None:
     assert image.getpixel((left - 1, top)) == probes.WHITE
 
 
-def test_api_key_resolution(tmp_path: Path) -> None:
+def test_bad_api_key_settings_are_usage_errors(tmp_path: Path) -> None:
+    """The probe reads the key with the launcher's rules (common.api_key): both variables set, or an
+    empty key file, is exit 2 with the reason, never a request without the key."""
     key_file = tmp_path / "key"
-    key_file.write_text("  from-file\n")
-    assert probes.api_key_from_env({}) is None
-    assert probes.api_key_from_env({"API_KEY_FILE": str(key_file)}) == "from-file"
-    both = {"VLLM_API_KEY": "from-env", "API_KEY_FILE": str(key_file)}
-    assert probes.api_key_from_env(both) == "from-env"
     key_file.write_text("\n")
-    with pytest.raises(probes.UsageError, match="empty"):
-        probes.api_key_from_env({"API_KEY_FILE": str(key_file)})
-    client = probes.Client("http://127.0.0.1:1", 1, "k")
+    clean = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "API_KEY_FILE")}
+    for env in ({"API_KEY_FILE": str(key_file)}, {"API_KEY_FILE": str(key_file), "VLLM_API_KEY": "k"}):
+        result = subprocess.run([sys.executable, str(REPO / "healthcheck" / "probe.py"), "live", "--url",
+                                 "http://127.0.0.1:9"], env={**clean, **env}, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("minicpmv-probe: error: ")
+        assert ("empty" if "VLLM_API_KEY" not in env else "VLLM_API_KEY or API_KEY_FILE") in result.stderr
+
+
+def test_client_sends_the_key_only_when_there_is_one() -> None:
+    client = Client("http://127.0.0.1:1", 1, "k")
     assert client._headers(True)["Authorization"] == "Bearer k"
-    assert "Authorization" not in probes.Client("http://127.0.0.1:1", 1)._headers(False)
+    assert "Authorization" not in Client("http://127.0.0.1:1", 1)._headers(False)
 
 
 def test_probe_module_uses_only_the_standard_library() -> None:

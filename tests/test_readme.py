@@ -21,14 +21,15 @@ def test_configuration_table_is_the_generated_one():
 
 
 def test_feature_tables_are_the_generated_one():
-    """README.md and docs/applications.md embed minicpmv_ascend.features' table (its rows are
+    """README.md and docs/applications.md embed minicpmv_ascend.tools.features' table (its rows are
     checked against the server by tests/test_applications.py)."""
-    from minicpmv_ascend import features
+    from minicpmv_ascend.tools import features
 
     for text in (README, (REPO / "docs" / "applications.md").read_text()):
         start = text.index("<!-- features-table:start")
         table = text[text.index("\n", start) + 1:text.index("<!-- features-table:end -->")].strip()
-        assert table == features.markdown().strip(), "stale: paste `python -m minicpmv_ascend.features --markdown`"
+        assert table == features.markdown().strip(), (
+            "stale: paste `python -m minicpmv_ascend.tools.features --markdown`")
 
 
 def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_config):

@@ -34,7 +34,7 @@ import pytest
 from conftest import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY
 from test_bad_requests import error_message, png_url
 
-IMAGE_LIMIT = 5  # limit_mm_per_prompt image (settings.py default)
+IMAGE_LIMIT = 5  # limit_mm_per_prompt image (the settings table's default)
 CHUNK = OTHER_SERVER_CHUNK  # MAX_NUM_BATCHED_TOKENS of the `chunked` server
 TIMEOUT_S = 120
 ID = 100  # an ordinary token id of the tiny vocabulary (731 ids); a prompt of ids is ID, ID+1, ...

@@ -178,6 +178,27 @@ def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
         assert SECRET not in ok.stdout + ok.stderr + without.stdout + without.stderr
 
 
+@pytest.mark.server
+def test_ascend_check_sends_the_key_from_the_secret_file(guarded, files) -> None:
+    """scripts/ascend_check.py reads the key as the server does (API_KEY_FILE here): its requests
+    (the probe's smoke, then the one-token completion) pass; without the key they get 401."""
+    script = [sys.executable, str(REPO / "scripts" / "ascend_check.py"), "--base-url", guarded.base_url]
+    env = clean_env(HF_HUB_OFFLINE="1")
+    ok = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO,
+                        env={**env, "API_KEY_FILE": str(files / "api-key")})
+    assert ok.returncode == 0, ok.stdout + ok.stderr[-2000:]
+    requests = [line for line in ok.stdout.splitlines() if line.startswith("request ")]
+    assert [line.split(" - ")[0] for line in requests] == ["request text: ok", "request image: ok",
+                                                          "request one-token: ok"], requests
+    without = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert without.returncode == 1 and "request text: FAILED - cannot list models" in without.stdout
+    assert "HTTP 401" in without.stdout, without.stdout
+    bad = subprocess.run(script, capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env={**env, "API_KEY_FILE": str(files / "absent")})
+    assert bad.returncode == 2 and "the key file cannot be read" in bad.stderr, bad.stderr
+    assert SECRET not in ok.stdout + ok.stderr + without.stdout + bad.stdout + bad.stderr
+
+
 # Every route of the running server, as vLLM 0.32 publishes it for this kit (generate task, no dev
 # mode): those that serve or inspect the model. Public routes (access.PUBLIC_ROUTES) and admin
 # routes (access.ADMIN_ROUTES) come from the code; a route in neither and not here fails the test.

@@ -16,7 +16,9 @@ import pytest
 
 from helpers_launcher import SECRET, copy_checkpoint, edit_config
 from minicpmv_ascend import settings, tool_calls
+from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import SETTINGS, ConfigError, build_plan, check_with_vllm, resolve
+from minicpmv_ascend.settings import checks, layers, vllm_check
 
 CPU = "cpu"
 
@@ -452,7 +454,7 @@ def test_sharded_checkpoint_with_all_shards_passes(tiny_config, tmp_path):
     (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
     index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert settings.checkpoint_problems(model) == []
+    assert model_files.checkpoint_problems(model) == []
 
 
 def test_tensor_parallel_size_checks(tiny_config):
@@ -467,8 +469,8 @@ def test_tensor_parallel_size_checks(tiny_config):
 def test_tensor_parallel_rules_of_the_released_model():
     released = {"text_config": {"num_attention_heads": 8, "num_key_value_heads": 2, "linear_num_key_heads": 16,
                                 "linear_num_value_heads": 16}, "vision_config": {"num_attention_heads": 16}}
-    assert settings._tp_choices(released) == [1, 2, 4, 8]  # 4 and 8 replicate the 2 KV heads
-    assert "num_key_value_heads" in settings._tp_problem(3, {"text_config": {"num_key_value_heads": 2}})
+    assert checks.tp_choices(released) == [1, 2, 4, 8]  # 4 and 8 replicate the 2 KV heads
+    assert "num_key_value_heads" in checks.tp_problem(3, {"text_config": {"num_key_value_heads": 2}})
 
 
 def test_no_visible_npu_is_reported(tiny_config, tmp_path):
@@ -568,10 +570,10 @@ def test_untracked_spellings_of_a_setting_are_refused_without_vllm(arg, key):
 
 def test_no_vllm_flag_is_mistaken_for_an_abbreviation():
     """The cheap abbreviation check must never refuse a genuine vLLM flag."""
-    option_strings = {opt for action in settings._vllm_parser()._actions for opt in action.option_strings}
-    index = settings._flag_index()
+    option_strings = {opt for action in vllm_check.vllm_parser()._actions for opt in action.option_strings}
+    index = layers.flag_index()
     for flag in sorted(f for f in option_strings if f.startswith("--")):
-        settings._reject_untracked_spelling(flag, index)  # raises ConfigError on a false alarm
+        layers.reject_untracked_spelling(flag, index)  # raises ConfigError on a false alarm
 
 
 def test_vllm_parser_errors_do_not_leak_secrets(tiny_config):
@@ -583,7 +585,7 @@ def test_vllm_parser_errors_do_not_leak_secrets(tiny_config):
 
 def test_declarations_match_vllms_parser():
     """Flags, aliases and choices declared here exist in the installed vLLM's serve parser."""
-    parser = settings._vllm_parser()
+    parser = vllm_check.vllm_parser()
     actions = {option: action for action in parser._actions for option in action.option_strings}
     for s in SETTINGS:
         if s.emit == "middleware":  # vLLM appends every --middleware (a pass-through one adds to it)

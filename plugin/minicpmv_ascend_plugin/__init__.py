@@ -47,11 +47,24 @@ from . import (
     uvicorn_signals,
     vit_merger_flags,
 )
-from ._base import AT_MODEL_IMPORT, AT_REGISTER, MODEL_MODULE, Patch, dist_version, emit, platform_name, vllm_version
+from ._base import (
+    AT_MODEL_IMPORT,
+    AT_REGISTER,
+    MODEL_MODULE,
+    Patch,
+    ascend_device_type,
+    dist_version,
+    emit,
+    platform_name,
+    vllm_version,
+)
 from ._import_hook import when_imported
 
 __version__ = "0.1.0"
-__all__ = ["PATCHES", "register", "report", "decisions"]
+# The public API. The plugin's patches and decisions, and what it reads of the installation (the
+# checks its predicates rest on): scripts/ascend_check.py and the launcher use these names only.
+__all__ = ["PATCHES", "register", "report", "decisions", "disabled",
+           "platform_name", "ascend_device_type", "vllm_version", "dist_version"]
 
 DISABLE_ENV = "MINICPMV_ASCEND_PLUGIN"
 LOG_PREFIX = "minicpmv_ascend_plugin"

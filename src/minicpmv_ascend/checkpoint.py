@@ -203,7 +203,8 @@ def add(a, b): return a + b  # Python code; numbers 0 1 2 3 4 5 6 7 8 9 10 100 1
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """Shapes of one checkpoint preset. `full` mirrors the released MiniCPM-V 4.6 (FACTS §1, §3.7)."""
+    """Shapes of one checkpoint preset. `full` mirrors the released MiniCPM-V 4.6 (docs/design/model.md,
+    "Architecture and shapes")."""
 
     vision_hidden: int
     vision_layers: int
@@ -226,7 +227,7 @@ class Preset:
 
 PRESETS = {
     # CPU kernels: linear-attention head dims must be 64 or 128; `insert_layer_id` must stay below
-    # the vision layer count or HF and vLLM silently disagree (FACTS §6).
+    # the vision layer count or HF and vLLM silently disagree (docs/design/model.md, "Vision path").
     "tiny": Preset(
         vision_hidden=64, vision_layers=3, vision_heads=2, vision_intermediate=128, insert_layer_id=1,
         text_hidden=64, text_layers=4, text_heads=2, text_kv_heads=1, text_head_dim=64,

@@ -22,20 +22,19 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
-import http.client
 import json
 import os
 import re
-import socket
 import struct
 import sys
 import time
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed, parse_json
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 DEFAULT_MODEL = "minicpm-v-4.6-thinking"
@@ -49,12 +48,11 @@ THINK_TAGS = ("<think>", "</think>")
 PNG_SIZE = (96, 64)
 SQUARE_BOX = (28, 12, 68, 52)  # left, top, right, bottom (exclusive)
 WHITE, RED = (255, 255, 255), (220, 30, 30)
-_MAX_ERROR_CHARS = 200
-_READ_CHUNK = 64 * 1024
 
 
 class ProbeFailure(Exception):
-    """A check failed; the message is the one-line reason shown to the operator."""
+    """A check failed; the message is the one-line reason shown to the operator. (A request that
+    got no answer is the client's RequestFailed, reported the same way.)"""
 
 
 class UsageError(Exception):
@@ -96,134 +94,6 @@ def square_png() -> bytes:
 
 def png_data_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-
-
-# --------------------------------------------------------------------------------------------
-# HTTP
-
-
-def api_key_from_env(env: Mapping[str, str]) -> str | None:
-    """The server's API key: VLLM_API_KEY, else the contents of the file named by API_KEY_FILE.
-
-    Same variable names as the launcher's settings, so the probe in the container finds the key
-    the server was started with (a Kubernetes Secret mounted as a file, typically).
-    """
-    if env.get("VLLM_API_KEY"):
-        return env["VLLM_API_KEY"]
-    path = env.get("API_KEY_FILE")
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            key = handle.read().strip()
-    except OSError as exc:
-        raise UsageError(f"API_KEY_FILE={path!r} cannot be read: {exc.strerror}") from exc
-    if not key:
-        raise UsageError(f"API_KEY_FILE={path!r} is empty")
-    return key
-
-
-@dataclass
-class Client:
-    """A minimal JSON-over-HTTP client with a bounded time per request."""
-
-    base_url: str
-    timeout: float
-    api_key: str | None = None
-    # Proxies are ignored on purpose: a health probe must talk to the server itself, and an
-    # inherited HTTP_PROXY would otherwise route 127.0.0.1 through a proxy.
-    _opener: urllib.request.OpenerDirector = field(
-        default_factory=lambda: urllib.request.build_opener(urllib.request.ProxyHandler({})),
-        repr=False,
-    )
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        return self._send("GET", path, None)
-
-    def post_json(self, path: str, payload: dict[str, Any]) -> Any:
-        _, body = self._send("POST", path, json.dumps(payload).encode("utf-8"))
-        return parse_json(body, f"POST {path}")
-
-    def _headers(self, has_body: bool) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "minicpmv-probe"}
-        if has_body:
-            headers["Content-Type"] = "application/json"
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
-        what = f"{method} {path}"
-        request = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers=self._headers(data is not None)
-        )
-        deadline = time.monotonic() + self.timeout
-        try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                return response.status, _read_until(response, deadline, what, self.timeout)
-        except urllib.error.HTTPError as exc:
-            raise ProbeFailure(f"{what}: HTTP {exc.code} {_server_error(exc)}".rstrip()) from exc
-        except urllib.error.URLError as exc:
-            raise ProbeFailure(f"{what}: {_describe_os_error(exc.reason, self.timeout)}") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise ProbeFailure(f"{what}: {_describe_os_error(exc, self.timeout)}") from exc
-
-
-def _read_until(response: Any, deadline: float, what: str, timeout: float) -> bytes:
-    """Read the body in chunks so a server trickling bytes cannot stretch the time limit
-    (the socket timeout alone bounds each read, not the whole response)."""
-    parts: list[bytes] = []
-    while True:  # (no walrus: Python 3.7)
-        chunk = response.read(_READ_CHUNK)
-        if not chunk:
-            break
-        parts.append(chunk)
-        if time.monotonic() > deadline:
-            raise ProbeFailure(f"{what}: timed out after {timeout:g} s reading the response")
-    return b"".join(parts)
-
-
-def _describe_os_error(reason: object, timeout: float) -> str:
-    # socket.timeout is TimeoutError from Python 3.10 on, a distinct OSError before.
-    if isinstance(reason, (TimeoutError, socket.timeout)):
-        return f"timed out after {timeout:g} s"
-    if isinstance(reason, ConnectionRefusedError):
-        # vLLM binds its port at once but listens only when the model is loaded: during the
-        # whole start-up (minutes on a cold NPU) a probe sees this, not a timeout.
-        return ("connection refused: nothing listens on this port yet (the server is still "
-                "starting and loading the model, or it is not running on this host and port)")
-    if isinstance(reason, socket.gaierror):
-        return f"cannot resolve the host name ({reason.strerror})"
-    if isinstance(reason, ConnectionResetError):
-        return "connection reset by the server"
-    if isinstance(reason, http.client.RemoteDisconnected):
-        return "server closed the connection without answering"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror
-    return str(reason) or type(reason).__name__
-
-
-def _server_error(exc: urllib.error.HTTPError) -> str:
-    """The message from vLLM's JSON error body ({"error": {"message": ...}}), shortened."""
-    try:
-        body = exc.read().decode("utf-8", "replace")
-    except OSError:
-        body = ""
-    message = body
-    try:
-        error = json.loads(body).get("error")
-        message = error.get("message", body) if isinstance(error, dict) else str(error or body)
-    except (ValueError, AttributeError):
-        pass
-    message = " ".join(message.split())
-    return (message[:_MAX_ERROR_CHARS] + "...") if len(message) > _MAX_ERROR_CHARS else message
-
-
-def parse_json(body: bytes, what: str) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise ProbeFailure(f"{what}: response is not JSON ({exc})") from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,7 +304,7 @@ class Report:
         start = time.perf_counter()
         try:
             details = check()
-        except ProbeFailure as exc:
+        except (ProbeFailure, RequestFailed) as exc:
             reason = f"{name}: {exc}"  # the check's name tells the operator which step failed
             self._record(CheckResult(name, False, _ms_since(start), reason))
             raise ProbeFailure(reason) from exc
@@ -572,10 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv)
     try:
         api_key = api_key_from_env(os.environ)
-    except UsageError as exc:
+    except ApiKeyError as exc:
         print(f"minicpmv-probe: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    client = Client(options.url, options.timeout, api_key)
+    client = Client(options.url, options.timeout, api_key, user_agent="minicpmv-probe")
     report = Report(options.mode, options.url, options.model)
     try:
         run_mode(options, client, report)

@@ -32,11 +32,11 @@ Everything else passes through byte for byte: other routes, requests without `to
 
 from __future__ import annotations
 
-import ast
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from minicpmv_ascend import vllm_source
 from minicpmv_ascend.access import route_path
 
 Scope = MutableMapping[str, Any]
@@ -54,35 +54,15 @@ MIDDLEWARE = f"{__name__}.ToolCallGuard"
 # --------------------------------------------------------------------------------------------
 
 
-def _vllm_source(*relative: str) -> str | None:
-    from minicpmv_ascend.settings import _vllm_package_dir
-
-    package = _vllm_package_dir()
-    for path in relative:
-        if package is not None and (package / path).is_file():
-            return (package / path).read_text(encoding="utf-8")
-    return None
-
-
 def registered_tool_parsers() -> set[str]:
     """Names in vLLM's lazy tool-parser table (`_TOOL_PARSERS_TO_REGISTER`); empty when unknown."""
-    source = _vllm_source("tool_parsers/__init__.py", "entrypoints/openai/tool_parsers/__init__.py")
-    names: set[str] = set()
-    try:
-        tree = ast.parse(source or "")
-    except SyntaxError:
-        return names
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "_TOOL_PARSERS_TO_REGISTER" for t in node.targets
-        ) and isinstance(node.value, ast.Dict):
-            names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-    return names
+    source = vllm_source.read("tool_parsers/__init__.py", "entrypoints/openai/tool_parsers/__init__.py")
+    return vllm_source.table_keys(source, "_TOOL_PARSERS_TO_REGISTER")
 
 
 def has_tool_strict_level() -> bool:
     """Whether `vllm serve` has `--tool-strict-level` (vLLM >= 0.32)."""
-    source = _vllm_source("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
+    source = vllm_source.read("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
     return "tool_strict_level" in source
 
 

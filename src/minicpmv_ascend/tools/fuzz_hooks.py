@@ -1,7 +1,7 @@
-"""schemathesis hooks and checks for `minicpmv-fuzz` (src/minicpmv_ascend/fuzz.py).
+"""schemathesis hooks and checks for `minicpmv-fuzz` (src/minicpmv_ascend/tools/fuzz.py).
 
 Loaded by schemathesis itself, in .venv-fuzz (requirements/fuzz.txt), through
-`SCHEMATHESIS_HOOKS=minicpmv_ascend.fuzz_hooks`; nothing else imports this module (schemathesis is
+`SCHEMATHESIS_HOOKS=minicpmv_ascend.tools.fuzz_hooks`; nothing else imports this module (schemathesis is
 not in .venv). What the fuzzer sends is what the server's /openapi.json describes, with exactly
 these changes, each because the published schema says less than vLLM needs or allows more than a
 bounded run can afford:
@@ -60,7 +60,7 @@ from typing import Any
 
 import schemathesis
 
-from minicpmv_ascend.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N
+from minicpmv_ascend.tools.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N
 
 OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens")
 COUNT_KEYS = ("n", "best_of")

@@ -11,7 +11,8 @@ token ids (`return_token_ids`). Position by position the next-token distribution
 top-1 agreement, "confident flips" (the reference was sure, the run chose otherwise), top-5
 overlap, |delta logprob| of the forced token. A short free-running greedy comparison follows: at
 the first divergence, each side's token must be in the other's top-5. `--floor` is a second healthy
-run (e.g. HF fp32 vs vLLM bf16): the |delta logprob| bars are set relative to it (FACTS §7).
+run (e.g. HF fp32 vs vLLM bf16): the |delta logprob| bars are set relative to it (the thresholds and
+why: docs/design/accuracy.md).
 
 Reference: `hf:DIR` (transformers, fp32, on the CPU, the checkpoint's own chat template and
 processor) or an OpenAI-compatible vLLM base URL. Runs: vLLM base URLs (`prompt_logprobs` and
@@ -33,9 +34,11 @@ import time
 import urllib.parse
 from typing import Any, Sequence
 
-from minicpmv_ascend import parity_prompts
-from minicpmv_ascend.parity_prompts import Prompt, PromptError
-from minicpmv_ascend.probes import Client, ProbeFailure, UsageError, api_key_from_env, png_data_url
+from minicpmv_ascend.tools import parity_prompts
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.tools.parity_prompts import Prompt, PromptError
+from minicpmv_ascend.probes import png_data_url
 
 REPORT_VERSION = "1"
 TOP_K = 5
@@ -59,7 +62,7 @@ class Threshold:
     help: str
 
 
-# FACTS §7; every value can be overridden with --threshold NAME=VALUE.
+# docs/design/accuracy.md, "Thresholds"; every value can be overridden with --threshold NAME=VALUE.
 THRESHOLDS = {
     "prompt_id_mismatches_max": Threshold(0, "prompts whose token ids differ from the reference's"),
     "errors_max": Threshold(0, "prompts whose requests failed"),
@@ -180,7 +183,7 @@ class Endpoint:
         try:
             status, body = self.client.get("/v1/models")
             served = [m["id"] for m in json.loads(body)["data"]]
-        except (ProbeFailure, ValueError, KeyError, TypeError) as exc:
+        except (RequestFailed, ValueError, KeyError, TypeError) as exc:
             raise ParityUsageError(
                 f"{role} {base_url}: GET /v1/models failed ({exc}); check the URL (scheme, host, port, no /v1 "
                 "suffix) and that the server is up and ready"
@@ -226,7 +229,7 @@ class Endpoint:
         ids = response["prompt_token_ids"]
         prompt_logprobs = response.get("prompt_logprobs")
         if not prompt_logprobs:
-            raise ProbeFailure(f"{self.label}: no prompt_logprobs in the response (not a vLLM server?)")
+            raise RequestFailed(self.label, "no prompt_logprobs in the response (not a vLLM server?)")
         dists = {}
         for pos in range(start, len(ids)):
             entries = prompt_logprobs[pos]
@@ -314,7 +317,7 @@ def compare_case(case: ReferenceCase, run, free_tokens: int, confident_gap: floa
         if case.forced is None:
             return result
         forced = run.teacher_force(case.prompt, case.continuation, len(case.greedy.prompt_ids))
-    except ProbeFailure as exc:
+    except RequestFailed as exc:
         if "--trust-request-mm-kwargs" in str(exc):  # vLLM >= 0.32 refuses per-request options by default
             raise ParityUsageError(
                 f"{run.label} refuses the per-request mm_processor_kwargs of prompt {case.prompt.id} "
@@ -387,7 +390,7 @@ def metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def checks(m: dict[str, Any], floor: dict[str, Any] | None, t: dict[str, float]) -> list[dict[str, Any]]:
-    """Each FACTS §7 bar: name, measured value, limit, passed (None: could not be evaluated)."""
+    """Each bar (docs/design/accuracy.md): name, measured value, limit, passed (None: could not be evaluated)."""
     out = []
 
     def check(name: str, value: Any, limit: Any, passed: bool | None, note: str = "") -> None:
@@ -666,7 +669,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         api_key = api_key_from_env(os.environ)
-    except UsageError as exc:
+    except ApiKeyError as exc:
         raise ParityUsageError(str(exc)) from exc
     endpoints: dict[str, Endpoint] = {}  # one per URL: a floor equal to a candidate runs once
 
@@ -690,7 +693,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
             case = reference_case(ref, prompt, max(args.max_tokens, args.free_tokens))
-        except ProbeFailure as exc:
+        except RequestFailed as exc:
             raise ParityUsageError(f"the reference failed on prompt {prompt.id}: {exc}") from exc
         case = dataclasses.replace(case, forced=_trim(case.forced, len(case.greedy.prompt_ids) + args.max_tokens))
         cases_out.append({"id": prompt.id, "subset": prompt.subset, "text": prompt.text,

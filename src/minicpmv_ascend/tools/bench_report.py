@@ -1,4 +1,4 @@
-"""Reports of a benchmark run (minicpmv_ascend.bench): bench.json, bench.md and plots/*.png."""
+"""Reports of a benchmark run (minicpmv_ascend.tools.bench): bench.json, bench.md and plots/*.png."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Ascend targets (deploy/ascend-targets.yaml, the one table): load it, name a target's image,
 render the "Targets" section of docs/deploy-ascend.md.
 
-    python -m minicpmv_ascend.targets --markdown    the table and its sources, as the docs embed them
+    python -m minicpmv_ascend.tools.targets --markdown    the table and its sources, as the docs embed them
 
 The image carries a copy at /opt/minicpmv-ascend/build/ascend-targets.yaml (scripts/ascend_check.py).
 """
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-TABLE_IN_REPO = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "ascend-targets.yaml"
+TABLE_IN_REPO = pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml"
 BUILD_DIR_IN_IMAGE = pathlib.Path("/opt/minicpmv-ascend/build")
-FACTS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
+FACT_FIELDS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
 OPEN = "open"
 
 
@@ -48,7 +48,7 @@ def markdown(table: dict[str, Any]) -> str:
     for tag, target in table["targets"].items():
         name = f"**{tag}** (default)" if tag == table["default"] else tag
         images = "<br>".join(f"`{image_ref(table, tag, v)}` ({v})" for v in variants)
-        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACTS), target["transformers_pin"]]
+        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACT_FIELDS), target["transformers_pin"]]
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines = rows + ["", "Sources:", ""]
     for tag, target in table["targets"].items():

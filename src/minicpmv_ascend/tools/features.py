@@ -1,7 +1,7 @@
 """What an application can rely on: the OpenAI API features this deployment serves.
 
 One declaration, two uses: README.md and docs/applications.md embed the table
-(`python -m minicpmv_ascend.features --markdown`, tests/test_readme.py keeps them in sync), and
+(`python -m minicpmv_ascend.tools.features --markdown`, tests/test_readme.py keeps them in sync), and
 tests/test_applications.py runs one check per row against the real server with the official
 `openai` client (a row without a check, or a check without a row, fails that test).
 """

@@ -88,7 +88,7 @@ def _img(width: int, height: int, seed: int) -> ImageSpec:
 
 DESCRIBE = "Describe the image in one sentence."
 # Version 1. Sizes: square, non-square, tall, tiny, and 1084x820, where vLLM 0.23 counts the image
-# placeholders wrongly (FACTS §3.3); 4x and 16x modes; a per-request slice limit; multi-image.
+# placeholders wrongly (docs/design/ascend-stack.md, known problem 3); 4x and 16x modes; a per-request slice limit; multi-image.
 BUILTIN_PROMPTS: tuple[Prompt, ...] = (
     Prompt("text-greeting", "Hello, how are you today?"),
     Prompt("text-fox", "Repeat after me: The quick brown fox jumps over the lazy dog."),

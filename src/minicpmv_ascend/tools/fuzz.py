@@ -50,11 +50,14 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from minicpmv_ascend.bench import REPO, UsageError, _get_json, free_port, machine_load, stop_server
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.tools import lifecycle
+from minicpmv_ascend.tools.lifecycle import REPO
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 FUZZ_VENV = REPO / ".venv-fuzz"
-HOOKS_MODULE = "minicpmv_ascend.fuzz_hooks"
+HOOKS_MODULE = "minicpmv_ascend.tools.fuzz_hooks"
 
 # What fuzz_hooks.py caps (see its docstring for why): tokens per choice, choices per request.
 OUTPUT_CAP = 32
@@ -80,6 +83,10 @@ STOP_TIMEOUT_S = 60
 CHECKS = ("not_a_server_error", "max_response_time", "json_error_body", "no_error_event")
 # Body keys of requests that run the engine (prompt, chat, generation): such routes get more time.
 ENGINE_KEYS = frozenset({"prompt", "messages", "input", "query", "max_tokens", "max_output_tokens"})
+
+
+class UsageError(Exception):
+    """A bad argument or setting: reported in one message, exit code 2."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,22 +181,18 @@ def routes_of(schema: dict[str, Any]) -> list[Route]:
     return routes
 
 
-def healthy(base_url: str, headers: dict[str, str]) -> bool:
-    import urllib.request
-
+def healthy(base_url: str, api_key: str | None) -> bool:
     try:
-        request = urllib.request.Request(base_url + "/health", headers=headers)
-        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S) as response:
-            return response.status == 200
-    except OSError:
+        return Client(base_url, HEALTH_TIMEOUT_S, api_key).get("/health")[0] == 200
+    except RequestFailed:
         return False
 
 
 class OwnServer:
     """entrypoint.py on a free port with this environment's settings; restartable."""
 
-    def __init__(self, out: pathlib.Path) -> None:
-        self.out = out
+    def __init__(self, out: pathlib.Path, api_key: str | None) -> None:
+        self.out, self.api_key = out, api_key
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.starts: list[dict[str, Any]] = []
@@ -199,31 +202,26 @@ class OwnServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.port = free_port()
-        env = dict(os.environ) | {"PORT": str(self.port)}
+        self.port = lifecycle.free_port()
         log_path = self.out / f"server-{len(self.starts)}.log"
         started = time.monotonic()
-        with log_path.open("w") as log:
-            self.proc = subprocess.Popen([sys.executable, str(REPO / "entrypoint.py")], cwd=REPO, env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        record = {"log": str(log_path), "port": self.port, "load": machine_load()}
+        env = dict(os.environ) | {"PORT": str(self.port)}
+        self.proc = lifecycle.start(lifecycle.entrypoint_command(), log_path, env)
+        record = {"log": str(log_path), "port": self.port, "load": lifecycle.machine_load()}
         self.starts.append(record)
-        while time.monotonic() - started < READY_TIMEOUT_S and self.proc.poll() is None:
-            try:
-                if _get_json(f"{self.base_url}/v1/models", 2)["data"]:
-                    record["ready_s"] = round(time.monotonic() - started, 1)
-                    print(f"[fuzz] server ready in {record['ready_s']} s on port {self.port}", file=sys.stderr, flush=True)
-                    return
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.5)
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-        self.stop()
-        raise RuntimeError(f"the server did not become ready (log {log_path}):\n{tail}")
+        try:
+            ready = lifecycle.wait_ready(self.proc, self.base_url, READY_TIMEOUT_S, api_key=self.api_key,
+                                         started=started)
+        except lifecycle.NotReady as err:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            self.stop()
+            raise RuntimeError(f"the server did not become ready: it {err} (log {log_path}):\n{tail}") from None
+        record["ready_s"] = round(ready, 1)
+        print(f"[fuzz] server ready in {record['ready_s']} s on port {self.port}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop_server(self.proc, STOP_TIMEOUT_S)
+            lifecycle.stop(self.proc, timeout=STOP_TIMEOUT_S)
             self.proc = None
 
 
@@ -341,13 +339,12 @@ def run_route(route: Route, base_url: str, profile: Profile, seed: int, seconds:
     timeout = (seconds or 0) + ROUTE_GRACE_S
     started = time.monotonic()
     timed_out = False
-    with (out / "console.txt").open("w") as console:
-        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            stop_server(proc, 10)
+    proc = lifecycle.start(cmd, out / "console.txt", env, cwd=out)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        lifecycle.stop(proc, timeout=10)
     wall = time.monotonic() - started
     summary: dict[str, Any] = {}
     if (out / "summary.json").exists():
@@ -448,22 +445,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "(requirements/fuzz.txt), or point --st at schemathesis's `st`")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    api_key = os.environ.get("VLLM_API_KEY") or None
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    server = None if args.url else OwnServer(out)
+    try:
+        api_key = api_key_from_env(os.environ)  # VLLM_API_KEY or API_KEY_FILE, as the server reads them
+    except ApiKeyError as err:
+        raise UsageError(str(err)) from None
+    server = None if args.url else OwnServer(out, api_key)
     started = time.monotonic()
     report: dict[str, Any] = {
         "profile": profile.name, "seed": args.seed, "phases": list(profile.phases),
         "max_examples_per_route_and_cycle": profile.max_examples, "minutes": minutes,
         "response_bound_s": RESPONSE_BOUND_S, "output_cap_tokens": OUTPUT_CAP, "n_cap": N_CAP,
-        "schemathesis": _st_version(st), "load_before": machine_load(), "routes": [], "failures": [],
+        "schemathesis": _st_version(st), "load_before": lifecycle.machine_load(), "routes": [], "failures": [],
         "engine_deaths": [], "not_run": [], "known": []}
     try:
         if server is not None:
             server.start()
         base_url = args.url.rstrip("/") if args.url else server.base_url
         report["base_url"] = base_url
-        schema = _get_json(f"{base_url}/openapi.json", 10)
+        schema = Client(base_url, 10, api_key).get_json("/openapi.json")
         routes = [r for r in routes_of(schema) if not args.route or any(p in r.label for p in args.route)]
         if not routes:
             raise UsageError(f"no route of {base_url}/openapi.json matches --route {args.route}")
@@ -471,7 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shares = time_shares(routes, minutes)
         restarts = 0
         for index, route in enumerate(routes):
-            if not healthy(base_url, headers):
+            if not healthy(base_url, api_key):
                 report["not_run"] = [r.label for r in routes[index:]]
                 break
             print(f"[fuzz] {index + 1}/{len(routes)} {route.label}", file=sys.stderr, flush=True)
@@ -481,7 +480,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for failure in failures_of(done):
                 why = known_reason(failure)
                 report["known" if why else "failures"].append({**failure, "known": why} if why else failure)
-            if not healthy(base_url, headers):
+            if not healthy(base_url, api_key):
                 death = culprit(done) or {"route": route.label, "status": None, "curl": None}
                 report["engine_deaths"].append(death)
                 print(f"[fuzz] the server died during {route.label}: {death.get('curl')}", file=sys.stderr, flush=True)
@@ -490,7 +489,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     server.stop()
                     server.start()
                     base_url = report["base_url"] = server.base_url
-        alive = healthy(base_url, headers)
+        alive = healthy(base_url, api_key)
         report["health_after"] = 200 if alive else "no answer"
         report["smoke_after"] = smoke(base_url, args.model) if alive else {"ok": False, "error": "server dead"}
     finally:

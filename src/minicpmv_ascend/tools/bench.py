@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
@@ -31,20 +30,17 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend import roofline
+from minicpmv_ascend.tools import lifecycle, roofline
+from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
+from minicpmv_ascend.common.http import Client, RequestFailed
 
 EXIT_USAGE = 2
-VLLM_PROCESS = re.compile(r"EngineCore|vllm_cli|entrypoint\.py|minicpmv_ascend\.launcher|VLLM::")
-REPO = pathlib.Path(__file__).resolve().parents[2]
 PERCENTILES = "50,99"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 NATIVE_TILE = (448, 448)  # the vision encoder's native image size: one slice, no splitting
@@ -207,75 +203,21 @@ def build_cells(args: argparse.Namespace) -> list[Cell]:
 # --------------------------------------------------------------------------------------------
 
 
-def _own_pids() -> set[int]:
-    """This process, its descendants, and every process in the sessions of servers we started."""
-    parents: dict[int, int] = {}
-    sessions: dict[int, int] = {}
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(fields[1])
-                sessions[int(entry.name)] = int(fields[3])
-            except (OSError, IndexError, ValueError):
-                continue
-    own = {os.getpid()}
-    own_sessions = set(_OWN_SESSIONS)
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if pid not in own and (ppid in own or sessions.get(pid) in own_sessions):
-                own.add(pid)
-                changed = True
-    return own
-
-
-_OWN_SESSIONS: set[int] = set()
-
-
-def foreign_vllm_processes() -> int:
-    """vLLM processes on this machine that this harness did not start (other users' servers)."""
-    own = _own_pids()
-    count = 0
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in own:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (entry / "comm").read_text()
-        except OSError:
-            continue
-        if VLLM_PROCESS.search(cmdline) or VLLM_PROCESS.search(comm):
-            count += 1
-    return count
-
-
-def machine_load() -> dict[str, Any]:
-    return {"loadavg": [round(v, 2) for v in os.getloadavg()], "foreign_vllm_processes": foreign_vllm_processes(),
-            "time": _now()}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def _api_key() -> str | None:
+    """The endpoint's API key (VLLM_API_KEY or API_KEY_FILE); a bad setting is a usage error."""
+    try:
+        return api_key_from_env(os.environ)
+    except ApiKeyError as err:
+        raise UsageError(str(err)) from None
 
 
 def _bench_env() -> dict[str, str]:
     env = dict(os.environ)
-    key = env.get("VLLM_API_KEY") or _read_key_file(env.get("API_KEY_FILE"))
+    key = _api_key()
     if key:  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
         env["OPENAI_API_KEY"] = key
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
-
-
-def _read_key_file(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return pathlib.Path(path).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def summarise(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -303,7 +245,7 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
     cmd = [sys.executable, "-m", "minicpmv_ascend.vllm_cli",
            *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
-                              "load_before": machine_load()}
+                              "load_before": lifecycle.machine_load()}
     print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     log = raw_dir / f"{cell.slug}.log"
     started = time.monotonic()
@@ -315,7 +257,7 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
         except subprocess.TimeoutExpired:
             returncode = None
     record["wall_s"] = round(time.monotonic() - started, 1)
-    record["load_after"] = machine_load()
+    record["load_after"] = lifecycle.machine_load()
     if returncode != 0 or not result_file.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         why = "timed out" if returncode is None else f"exited with {returncode}"
@@ -358,27 +300,20 @@ def add_image_tokens(records: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _request(url: str, body: Any = None) -> urllib.request.Request:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-    key = os.environ.get("VLLM_API_KEY") or _read_key_file(os.environ.get("API_KEY_FILE"))
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    return request
-
-
-def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(_request(url), timeout=timeout) as response:
-        return json.loads(response.read())
+def _client(base_url: str, timeout: float) -> Client:
+    return Client(base_url.rstrip("/"), timeout, _api_key())
 
 
 def discover(base_url: str, model: str | None) -> tuple[str, str | None]:
     """(served model name, its checkpoint directory as vLLM reports it in /v1/models `root`)."""
     try:
-        data = _get_json(f"{base_url.rstrip('/')}/v1/models")["data"]
-    except (OSError, ValueError, KeyError) as err:
-        raise UsageError(f"--base-url {base_url}: GET /v1/models failed ({err}); start the server first "
+        data = _client(base_url, 5).get_json("/v1/models")["data"]
+    except RequestFailed as err:
+        raise UsageError(f"--base-url {base_url}: GET /v1/models failed ({err.reason}); start the server first "
                          "(make serve) or fix the URL") from None
+    except (KeyError, TypeError):
+        raise UsageError(f"--base-url {base_url}: GET /v1/models failed (the answer is no model list); is it an "
+                         "OpenAI-compatible server?") from None
     if not data:
         raise UsageError(f"--base-url {base_url}: /v1/models lists no model")
     chosen = next((m for m in data if m["id"] == model), None) if model else data[0]
@@ -396,14 +331,15 @@ def check_mm_kwargs_accepted(base_url: str, model: str, cells: Sequence[Cell]) -
     body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}],
             "mm_processor_kwargs": {"max_slice_nums": 1}}
     try:
-        urllib.request.urlopen(_request(f"{base_url.rstrip('/')}/v1/chat/completions", body), timeout=120).read()
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")
-        if err.code == 400 and "mm_processor_kwargs" in detail:
+        _client(base_url, 120).post_json("/v1/chat/completions", body)
+    except RequestFailed as err:
+        detail = err.body.decode(errors="replace")
+        if err.status == 400 and "mm_processor_kwargs" in detail:
             raise UsageError(f"{base_url} rejects per-request mm_processor_kwargs, which the --modes/--slice-nums "
                              "cells send: start the server with --trust-request-mm-kwargs (e.g. make serve "
                              "ARGS=--trust-request-mm-kwargs), or use --modes default --slice-nums default") from None
-        raise UsageError(f"{base_url}: a one-token chat request failed ({err.code}: {detail[:300]})") from None
+        why = f"{err.status}: {detail[:300]}" if err.status else err.reason
+        raise UsageError(f"{base_url}: a one-token chat request failed ({why})") from None
 
 
 def _checkpoint_dir(path: str | None, flag: str) -> pathlib.Path | None:
@@ -426,7 +362,7 @@ def hardware_limits(args: argparse.Namespace) -> dict[str, Any]:
     if all(v is not None for v in given.values()):
         return {"source": "given (--mem-bandwidth-gbs, --matmul-tflops)", **given}
     measured = roofline.measure_hardware(threads=args.threads)
-    measured["load"] = machine_load()
+    measured["load"] = lifecycle.machine_load()
     for key, value in given.items():
         if value is not None:
             measured[key] = value
@@ -480,7 +416,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # vLLM 0.32 cannot reload its own AOT artifact on the CPU (docs/performance.md): without AOT the
     # model is traced again at each start but inductor's compiled kernels come from its cache.
     "compiled-noaot": {"kind": "entrypoint", "env": {"ENFORCE_EAGER": "false", "VLLM_USE_AOT_COMPILE": "0"}},
-    # The Ascend graph profile (settings.py compilation_config; docs/deploy-ascend.md): decode-only
+    # The Ascend graph profile (the compilation_config setting; docs/deploy-ascend.md): decode-only
     # ACL graphs, as vllm-ascend's CI runs the Qwen3.5-0.8B backbone. Meant for an NPU.
     "decode-graphs": {"kind": "entrypoint",
                       "env": {"ENFORCE_EAGER": "false", "COMPILATION_CONFIG": '{"cudagraph_mode":"FULL_DECODE_ONLY"}'}},
@@ -522,22 +458,12 @@ def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path
     return Profile(f"{label}:{name}", spec["kind"], env)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served: str,
                    extra_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ) | {"MODEL_PATH": str(checkpoint), "PORT": str(port), "SERVED_MODEL_NAME": served}
     env |= profile.env
     if profile.kind == "entrypoint":
-        # entrypoint.py of a checkout; where this package is installed without one (the Ascend
-        # image, which has the shim at /opt/minicpmv-ascend), the launcher module it runs.
-        script = REPO / "entrypoint.py"
-        launcher_argv = [str(script)] if script.is_file() else ["-m", "minicpmv_ascend.launcher"]
-        return [sys.executable, *launcher_argv, *extra_args], env
+        return lifecycle.entrypoint_command(*extra_args), env
     from minicpmv_ascend import launcher  # the plan entrypoint.py would exec (what --dry-run prints)
 
     try:
@@ -545,22 +471,6 @@ def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served
     except launcher.ConfigError as err:
         raise UsageError(f"profile {profile.label}: {err}") from None
     return plan.command(sys.executable), plan.exec_env(env)
-
-
-def _session_rss_mib(sid: int) -> float:
-    total = 0
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3]) != sid:
-                continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return round(total / 1024, 1)
 
 
 def _compile_cache_state(log_text: str) -> str:
@@ -577,40 +487,30 @@ def _compile_cache_state(log_text: str) -> str:
 
 def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, cells: Sequence[Cell],
                       out: pathlib.Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
+    port = lifecycle.free_port()
     cmd, env = server_command(profile, checkpoint, port, served, args.server_arg)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{index:02d}-{profile.label.replace(':', '-')}.log"
     record: dict[str, Any] = {"profile": profile.label, "index": index, "command": shlex.join(cmd),
-                              "env": profile.env, "log": str(log_path), "load_before": machine_load()}
+                              "env": profile.env, "log": str(log_path), "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
-    with log_path.open("w") as log:
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)
-    _OWN_SESSIONS.add(proc.pid)
+    started = time.monotonic()
+    proc = lifecycle.start(cmd, log_path, env)
     record["server_pid"] = proc.pid  # also its process group and session id
     base_url = f"http://127.0.0.1:{port}"
     try:
-        ready = None
-        while time.monotonic() - started < args.ready_timeout and proc.poll() is None:
-            try:
-                if served in {m["id"] for m in _get_json(f"{base_url}/v1/models", 2)["data"]}:
-                    ready = time.monotonic() - started
-                    break
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.25)
-        log_text = log_path.read_text(errors="replace")
-        record["compile_cache"] = _compile_cache_state(log_text)
+        try:
+            ready = lifecycle.wait_ready(proc, base_url, args.ready_timeout, served, _api_key(), started)
+        except lifecycle.NotReady as err:
+            ready, why = None, str(err)
+        record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         if ready is None:
-            why = f"exited with {proc.returncode}" if proc.poll() is not None else f"not ready in {args.ready_timeout} s"
             record["error"] = f"server {why}; log {log_path}"
             print(f"[bench] start #{index}: {record['error']}", file=sys.stderr, flush=True)
             return record
         record["ready_s"] = round(ready, 2)
-        record["rss_mib_after_ready"] = _session_rss_mib(proc.pid)
+        record["rss_mib_after_ready"] = lifecycle.session_rss_mib(proc.pid)
         print(f"[bench] start #{index}: ready in {ready:.1f} s, RSS {record['rss_mib_after_ready']} MiB",
               file=sys.stderr, flush=True)
         cell_out = out / f"run{index:02d}"
@@ -618,35 +518,7 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         return record
     finally:
-        stop_server(proc, args.stop_timeout)
-        _OWN_SESSIONS.discard(proc.pid)
-
-
-def stop_server(proc: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM to the server's process group (vLLM's engine core included), SIGKILL if it lingers."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            continue
-        # The API server is gone; give its engine process (same group) a moment, then make sure.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            time.sleep(0.2)
-        if not _group_alive(proc.pid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+        lifecycle.stop(proc, timeout=args.stop_timeout)
 
 
 def _ratio(b: float | None, a: float | None) -> float | None:
@@ -792,8 +664,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     out = pathlib.Path(args.out)
     try:
-        result: dict[str, Any] = {"kind": args.command, "created": _now(), "argv": list(argv or sys.argv[1:]),
-                                  "machine": {"cpus": os.cpu_count(), "load_start": machine_load()}}
+        _api_key()  # a bad API key setting stops the run before any server or cell starts
+        result: dict[str, Any] = {"kind": args.command, "created": lifecycle.now(), "argv": list(argv or sys.argv[1:]),
+                                  "machine": {"cpus": os.cpu_count(), "load_start": lifecycle.machine_load()}}
         if args.command == "endpoint":
             cells = build_cells(args)
             model, root = discover(args.base_url, args.model)
@@ -827,12 +700,12 @@ def run(argv: Sequence[str] | None = None) -> int:
                     raise UsageError("--kernel-floor needs --checkpoint DIR (the weights' shapes)")
                 result["kernel_floor"] = [roofline.kernel_floor(checkpoint, threads, batch)
                                           for threads in sorted({1, args.threads}) for batch in (1, 16)]
-                result["kernel_floor_load"] = machine_load()
+                result["kernel_floor_load"] = lifecycle.machine_load()
     except UsageError as err:
         print(f"minicpmv-bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    result["machine"]["load_end"] = machine_load()
-    from minicpmv_ascend import bench_report
+    result["machine"]["load_end"] = lifecycle.machine_load()
+    from minicpmv_ascend.tools import bench_report
 
     paths = bench_report.write(result, out)
     print("\n".join(f"[bench] wrote {p}" for p in paths), file=sys.stderr)

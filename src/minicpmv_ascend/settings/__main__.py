@@ -1,0 +1,7 @@
+"""`python -m minicpmv_ascend.settings --markdown`: the configuration reference table."""
+
+import sys
+
+from minicpmv_ascend.settings.docs import main
+
+sys.exit(main())

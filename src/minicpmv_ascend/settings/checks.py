@@ -1,0 +1,199 @@
+"""Checks of the resolved settings against the checkpoint (its config.json, read as JSON:
+importing transformers would take seconds) and the platform: tensor parallelism and context length,
+the devices and the permission to open them, dtype, the local media directory, the compilation
+config, the tool-call parser and strict level. Each raises one ConfigError that names the fix.
+
+The checkpoint's completeness is minicpmv_ascend.common.model_files (shared with
+scripts/verify_model_dir.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import pathlib
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from minicpmv_ascend import tool_calls, vllm_source
+from minicpmv_ascend.settings.layers import Resolution, normalise_flag
+from minicpmv_ascend.settings.platform import (
+    ASCEND_CONTROL_DEVICES,
+    PLATFORM_DTYPES,
+    ascend_device_nodes,
+    visible_device_count,
+)
+from minicpmv_ascend.settings.table import SETTINGS_BY_NAME, ConfigError, Value, error, fix_where
+
+
+def read_checkpoint_config(model_dir: pathlib.Path, model: Value) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise error(SETTINGS_BY_NAME["model_path"], model, f"{path} is not valid JSON ({err})",
+                    "re-download the checkpoint (config.json is damaged)") from None
+    if not isinstance(data, dict):
+        raise error(SETTINGS_BY_NAME["model_path"], model, f"{path} is not a JSON object",
+                    "re-download the checkpoint (config.json is damaged)")
+    return data
+
+
+def tp_problem(tp: int, config: Mapping[str, Any]) -> str | None:
+    """vLLM shards every attention's heads over the tensor-parallel ranks."""
+    text = config.get("text_config") or {}
+    vision = config.get("vision_config") or {}
+    divisible = {
+        "text_config.num_attention_heads": text.get("num_attention_heads"),
+        "text_config.linear_num_key_heads": text.get("linear_num_key_heads"),
+        "text_config.linear_num_value_heads": text.get("linear_num_value_heads"),
+        "vision_config.num_attention_heads": vision.get("num_attention_heads"),
+    }
+    for key, heads in divisible.items():
+        if isinstance(heads, int) and heads % tp:
+            return f"it does not divide {key} ({heads})"
+    kv = text.get("num_key_value_heads")
+    # KV heads may also be fewer than the ranks: vLLM then replicates them.
+    if isinstance(kv, int) and kv % tp and tp % kv:
+        return f"it neither divides nor is a multiple of text_config.num_key_value_heads ({kv})"
+    return None
+
+
+def tp_choices(config: Mapping[str, Any], limit: int = 64) -> list[int]:
+    return [n for n in range(1, limit + 1) if tp_problem(n, config) is None]
+
+
+def check_checkpoint(resolution: Resolution, model_dir: pathlib.Path, config: Mapping[str, Any]) -> None:
+    values = resolution.values
+    tp_setting, tp = SETTINGS_BY_NAME["tensor_parallel_size"], values["tensor_parallel_size"]
+    problem = tp_problem(tp.value, config)
+    if problem:
+        raise error(tp_setting, tp, f"{problem} in {model_dir / 'config.json'}",
+                    f"set {fix_where(tp_setting, tp)} to one of {tp_choices(config)}")
+    text = config.get("text_config") or {}
+    limit, mml = text.get("max_position_embeddings"), values["max_model_len"]
+    if isinstance(limit, int) and mml.value > limit:
+        setting = SETTINGS_BY_NAME["max_model_len"]
+        raise error(setting, mml,
+                    f"exceeds the checkpoint's text_config.max_position_embeddings ({limit})",
+                    f"set {fix_where(setting, mml)} to {limit} or less")
+
+
+_DEVICES_SEEN = {
+    "cpu": "the CPU platform runs on one device",
+    "ascend": "NPUs counted from ASCEND_RT_VISIBLE_DEVICES, else /dev/davinciN",
+    "cuda": "GPUs counted from CUDA_VISIBLE_DEVICES, else /dev/nvidiaN",
+}
+
+
+def check_devices(resolution: Resolution, platform: str, environ: Mapping[str, str],
+                  dev_dir: str | os.PathLike[str] = "/dev") -> None:
+    setting, tp = SETTINGS_BY_NAME["tensor_parallel_size"], resolution.values["tensor_parallel_size"]
+    devices = visible_device_count(platform, environ, dev_dir)
+    if devices is None or tp.value <= devices:
+        return
+    why = f"only {devices} device(s) visible on {platform} ({_DEVICES_SEEN[platform]})"
+    if devices == 0:  # e.g. a container started without --device /dev/davinciN
+        raise error(setting, tp, why, "give the container NPUs (--device /dev/davinciN, or the "
+                    "Kubernetes device-plugin resource) and check ASCEND_RT_VISIBLE_DEVICES")
+    raise error(setting, tp, why, f"set {fix_where(setting, tp)} to {devices} or less, or make "
+                "more devices visible to the container")
+
+
+def check_device_access(environ: Mapping[str, str], notes: list[str], dev_dir: str | os.PathLike[str] = "/dev") -> None:
+    """On Ascend: this user may read and write every device node it will open.
+
+    The nodes keep the host's numeric owner and group inside a container; a non-root user outside
+    the driver's group (HwHiAiUser) gets `Permission denied` deep in CANN's device init, which an
+    orchestrator restarts forever. Checked here instead, with the GID that fixes it.
+    """
+    nodes = ascend_device_nodes(environ, dev_dir)
+    if nodes:
+        missing = [name for name in ASCEND_CONTROL_DEVICES if not (pathlib.Path(dev_dir) / name).exists()]
+        if missing:
+            notes.append(f"{', '.join('/dev/' + m for m in missing)} missing: NPU initialisation will "
+                         "likely fail (docker run --device /dev/<name>, or Ascend Docker Runtime)")
+    denied = [p for p in nodes if not os.access(p, os.R_OK | os.W_OK)]
+    if not denied:
+        return
+    stats = {p: p.stat() for p in denied}
+    shown = ", ".join(f"/dev/{p.name} (mode {stat.filemode(s.st_mode)}, owner {s.st_uid}:{s.st_gid})"
+                      for p, s in stats.items())
+    user = f"uid {os.getuid()}, groups {','.join(str(g) for g in sorted({os.getgid(), *os.getgroups()}))}"
+    group_ids = sorted({s.st_gid for s in stats.values() if s.st_mode & 0o060 == 0o060})
+    if group_ids:
+        gid = ",".join(map(str, group_ids))
+        fix = (f"run the container with group {gid}, the group that owns the devices (the host's HwHiAiUser: "
+               "`stat -c %g /dev/davinci_manager` on the host prints it): compose "
+               f"HWHIAIUSER_GID={group_ids[0]} (group_add), Kubernetes securityContext.supplementalGroups: "
+               f"[{gid}]; or build the image with --build-arg HWHIAIUSER_GID={group_ids[0]}")
+    else:
+        fix = ("the driver's devices are not group read-writable (installed for root only): reinstall the "
+               "driver for the HwHiAiUser group, or run the container as root as a last resort "
+               "(compose `user: \"0:0\"`, Kubernetes runAsUser: 0 with runAsNonRoot: false)")
+    raise ConfigError("NPU device access", shown, f"the container's {dev_dir} as {user}",
+                      "this user cannot read and write the NPU device nodes it will open, so the NPU "
+                      "would fail to initialise (Permission denied)", fix)
+
+
+def check_local_media(resolution: Resolution) -> None:
+    setting, path = SETTINGS_BY_NAME["allowed_local_media_path"], resolution.values["allowed_local_media_path"]
+    if not path.value:
+        return
+    directory = pathlib.Path(path.value)
+    if not directory.is_absolute():
+        why = "a relative path (it would depend on the server's working directory)"
+    elif not directory.is_dir():
+        why = "no such directory" if not directory.exists() else "it is a file, not a directory"
+    elif directory.resolve() == pathlib.Path(directory.anchor):
+        why = "the whole file system: any request could read any file the server can read"
+    else:
+        return
+    raise error(setting, path, why, f"set {fix_where(setting, path)} to the absolute path of a "
+                "directory that holds only media clients may read, or leave it empty (file:// off)")
+
+
+def check_platform(resolution: Resolution, platform: str) -> None:
+    allowed = PLATFORM_DTYPES.get(platform)
+    dtype = resolution.values["dtype"]
+    if allowed and dtype.value not in allowed:
+        setting = SETTINGS_BY_NAME["dtype"]
+        raise error(setting, dtype,
+                    f"{dtype.value} is not supported on {platform}: the Gated DeltaNet (linear "
+                    "attention) kernels of the Qwen3.5 text model need bfloat16 (with "
+                    f"{dtype.value} the server starts and the first request kills the engine)",
+                    f"set {fix_where(setting, dtype)} to bfloat16")
+
+
+def check_compilation_config(resolution: Resolution) -> None:
+    config, eager = resolution.values["compilation_config"], resolution.values["enforce_eager"]
+    mode = config.value.get("cudagraph_mode")
+    if eager.value and mode is not None and str(mode).upper() != "NONE":
+        enforce = SETTINGS_BY_NAME["enforce_eager"]
+        raise error(SETTINGS_BY_NAME["compilation_config"], config,
+                    f"it asks for cudagraph_mode {mode}, but enforce_eager is true (from {eager.origin}): "
+                    "vLLM would run eagerly and capture no graph",
+                    f"set {fix_where(enforce, eager)} to false for graphs, or remove cudagraph_mode")
+
+
+def check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) -> None:
+    """The tool parser and strict level against the installed vLLM, read from its source (cheap,
+    so on every start; vLLM's own registry is consulted too when parser names are given, see
+    _check_parser_names). Nothing is checked when vLLM's source cannot be read here."""
+    parser, level = effective["tool_call_parser"], resolution.values["tool_strict_level"]
+    known = tool_calls.registered_tool_parsers()
+    plugin = any(normalise_flag(a.partition("=")[0]) == "--tool-parser-plugin" for a in resolution.passthrough)
+    if parser is not None and known and parser not in known and not plugin:
+        setting, origin = SETTINGS_BY_NAME["tool_call_parser"], resolution.values["tool_call_parser"]
+        close = difflib.get_close_matches(parser, sorted(known), n=1)
+        raise error(setting, origin, f"this vLLM has no tool call parser named {parser!r}",
+                    f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}set {fix_where(setting, origin)} "
+                    f"to one of: {', '.join(sorted(known))} (MiniCPM-V 4.6 writes qwen3_coder's format)")
+    if (effective["enable_auto_tool_choice"] and level.source != "default" and vllm_source.package_dir() is not None
+            and not tool_calls.has_tool_strict_level()):
+        setting = SETTINGS_BY_NAME["tool_strict_level"]
+        raise error(setting, level, "this vLLM has no --tool-strict-level (vLLM >= 0.32 has it; 0.30 and "
+                    "0.23 constrain forced calls to the tool's schema without it)",
+                    f"remove {fix_where(setting, level)}")

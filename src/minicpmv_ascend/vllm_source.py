@@ -1,0 +1,47 @@
+"""What the installed vLLM offers, read from its source files: importing vLLM takes seconds.
+
+Used by the launcher's checks (settings) and the tool-call module; every function answers
+"unknown" (None, an empty set) when vLLM is absent or its layout is not one this kit knows.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+
+
+def package_dir() -> pathlib.Path | None:
+    """vLLM's package directory; a top-level lookup does not import vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def read(*relative: str) -> str | None:
+    """The text of the first of these files (paths inside vLLM's package) that exists."""
+    package = package_dir()
+    for path in relative:
+        if package is not None and (package / path).is_file():
+            try:
+                return (package / path).read_text(encoding="utf-8")
+            except OSError:
+                return None
+    return None
+
+
+def table_keys(source: str | None, name: str) -> set[str]:
+    """The string keys of the dict literal assigned to `name` in `source` (vLLM's lazy parser
+    tables such as `_TOOL_PARSERS_TO_REGISTER`); empty when there is none."""
+    try:
+        tree = ast.parse(source or "")
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ) and isinstance(node.value, ast.Dict):
+            names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return names

@@ -1,0 +1,108 @@
+"""minicpmv_ascend.tools.lifecycle with real processes, signals and HTTP, but no vLLM: a server
+stand-in (a few lines of Python) that listens late, exits early, or ignores SIGTERM.
+
+The real servers go through the same functions in every test that starts one (conftest.Server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import clean_env
+from minicpmv_ascend.tools import lifecycle
+
+# Listens after DELAY seconds and lists one model; `--ignore-term` also ignores SIGTERM, and starts a
+# child (in its group) that ignores it too.
+STAND_IN = textwrap.dedent("""
+    import http.server, json, os, signal, subprocess, sys, time
+    port, delay = int(sys.argv[1]), float(sys.argv[2])
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        subprocess.Popen([sys.executable, "-c", child])
+    if "--exit" in sys.argv:
+        sys.exit(3)
+    time.sleep(delay)
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *args):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), Models).serve_forever()
+""")
+
+
+def stand_in(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = lifecycle.free_port()
+    proc = lifecycle.start([sys.executable, "-c", STAND_IN, str(port), *args], tmp_path / "log", clean_env(),
+                           cwd=tmp_path)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_wait_ready_measures_from_the_start_and_stop_ends_it(tmp_path) -> None:
+    started = time.monotonic()
+    proc, url = stand_in(tmp_path, "1.0")
+    try:
+        ready = lifecycle.wait_ready(proc, url, 30, "m", started=started)
+        assert 1.0 <= ready < 10
+        with pytest.raises(lifecycle.NotReady, match="not ready after 1 s"):
+            lifecycle.wait_ready(proc, url, 1, "other-model")
+    finally:
+        code = lifecycle.stop(proc, timeout=10)
+    assert code == -signal.SIGTERM and not lifecycle.group_alive(proc.pid)
+
+
+def test_wait_ready_stops_waiting_when_the_server_exits(tmp_path) -> None:
+    proc, url = stand_in(tmp_path, "0", "--exit")
+    started = time.monotonic()
+    with pytest.raises(lifecycle.NotReady, match="exited with 3 before ready"):
+        lifecycle.wait_ready(proc, url, 60)
+    assert time.monotonic() - started < 10
+    lifecycle.stop(proc)
+
+
+def test_stop_kills_a_server_that_ignores_sigterm_and_its_group(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lifecycle, "GROUP_GRACE_S", 0.5)
+    proc, url = stand_in(tmp_path, "0", "--ignore-term")
+    lifecycle.wait_ready(proc, url, 30)
+    started = time.monotonic()
+    assert lifecycle.stop(proc, signal.SIGTERM, timeout=1) == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+    assert not lifecycle.group_alive(proc.pid), "the child that ignores SIGTERM outlived the stop"
+
+
+def test_own_servers_are_not_counted_as_foreign_vllm_processes(tmp_path) -> None:
+    """What bench and fuzz record beside their figures: vLLM processes of other users only."""
+    import psutil
+
+    marker = f"vllm_cli foreign {tmp_path.name}"
+
+    def orphans() -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+    own = lifecycle.start([sys.executable, "-c", "import time; time.sleep(60)  # vllm_cli"], tmp_path / "own",
+                          clean_env())
+    # An orphan in a session of its own (its parent exits at once): not ours, like another user's server.
+    orphan = f"import time; time.sleep(60)  # {marker}"
+    subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                    f"{orphan!r}], start_new_session=True)"], check=True, timeout=30)
+    try:
+        time.sleep(0.5)
+        foreign = lifecycle.foreign_vllm_pids()
+        assert own.pid not in foreign
+        assert len(orphans()) == 1 and set(orphans()) <= foreign
+        assert lifecycle.session_rss_mib(own.pid) > 1
+        load = lifecycle.machine_load()
+        assert load["foreign_vllm_processes"] >= 1 and len(load["loadavg"]) == 3
+    finally:
+        lifecycle.stop(own, signal.SIGKILL)
+        for pid in orphans():
+            os.kill(pid, signal.SIGKILL)
