@@ -17,8 +17,16 @@ import pytest
 from helpers_launcher import SECRET, copy_checkpoint, edit_config
 from minicpmv_ascend import settings, tool_calls
 from minicpmv_ascend.common import model_files
-from minicpmv_ascend.settings import SETTINGS, ConfigError, build_plan, check_with_vllm, resolve
-from minicpmv_ascend.settings import checks, layers, vllm_check
+from minicpmv_ascend.settings import (
+    SETTINGS,
+    ConfigError,
+    build_plan,
+    check_with_vllm,
+    checks,
+    layers,
+    resolve,
+    vllm_check,
+)
 
 CPU = "cpu"
 

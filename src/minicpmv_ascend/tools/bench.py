@@ -36,9 +36,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend.tools import lifecycle, roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.tools import lifecycle, roofline
 
 EXIT_USAGE = 2
 PERCENTILES = "50,99"
