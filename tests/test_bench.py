@@ -78,6 +78,7 @@ def test_endpoint_matrix_image_table_and_rooflines(server, tmp_path):
     assert_pngs(out, "throughput_vs_concurrency.png", "latency_percentiles.png", "image_ttft_vs_slices.png")
 
 
+@pytest.mark.slow
 def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     result = run_bench("roofline", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--threads", "1",
                        timeout=300)
@@ -89,6 +90,7 @@ def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     assert "## Hardware limits" in (tmp_path / "bench.md").read_text()
 
 
+@pytest.mark.slow
 def test_decode_cost_counts_the_language_model_weights(tiny_checkpoint):
     """Bytes per token against an independent count: every tensor of the text model, read with safetensors."""
     from safetensors import safe_open
@@ -97,7 +99,7 @@ def test_decode_cost_counts_the_language_model_weights(tiny_checkpoint):
 
     total = 0
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:
-        for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+        for name in f.keys():
             if name.startswith(("model.language_model.layers.", "model.language_model.norm.", "lm_head.")):
                 tensor = f.get_tensor(name)
                 total += tensor.numel() * tensor.element_size()
@@ -118,7 +120,7 @@ def test_per_request_mm_kwargs_need_a_trusting_server(server, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.server
+@pytest.mark.engine
 def test_ab_entrypoint_vs_plain_vllm_serve_with_image_modes(tiny_checkpoint, tmp_path):
     """One A/B pair: both servers start, serve a 4x-mode image cell, and are stopped with their whole
     process group. The plain one is `vllm serve` with the command the entrypoint's plan execs."""
@@ -187,9 +189,9 @@ def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
     assert not (tmp_path / "x" / "bench.json").exists()
 
 
-def test_bad_profile_and_env_exit_2(tiny_checkpoint, tmp_path):
-    result = run_bench("ab", "--checkpoint", str(tiny_checkpoint), "--a", "fast", "--out", str(tmp_path), timeout=60)
+def test_bad_profile_and_env_exit_2(tiny_config, tmp_path):
+    result = run_bench("ab", "--checkpoint", str(tiny_config), "--a", "fast", "--out", str(tmp_path), timeout=60)
     assert result.returncode == 2 and "profile 'fast' is unknown; choose from seed" in result.stderr
-    result = run_bench("ab", "--checkpoint", str(tiny_checkpoint), "--b-env", "NOEQUALS", "--out", str(tmp_path),
+    result = run_bench("ab", "--checkpoint", str(tiny_config), "--b-env", "NOEQUALS", "--out", str(tmp_path),
                        timeout=60)
     assert result.returncode == 2 and "--b-env 'NOEQUALS': expected KEY=VALUE" in result.stderr
