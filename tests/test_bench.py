@@ -175,23 +175,24 @@ def test_startup_breakdown_reads_the_milestones_of_vllms_log():
     assert "| 0 | 9.00 | 18.00 |" in table and table.endswith("| 2.94 | 41.80 |")
 
 
-def test_ab_profile_flags_reach_only_their_server(tiny_checkpoint, tmp_path):
+def test_ab_profile_flags_reach_only_their_server(tiny_config, tmp_path):
     """--a-arg/--b-arg: a vLLM flag A/B'd (e.g. --api-server-count) goes to one profile's command only,
     after the flags both share, in the entrypoint's command and in plain `vllm serve`'s."""
     from minicpmv_ascend.tools import bench
 
     b = bench.make_profile("tuned", {}, "B", tmp_path, ["--api-server-count=2"])
     a = bench.make_profile("seed", {}, "A", tmp_path)
-    cmd_b, env_b = bench.server_command(b, tiny_checkpoint, 8000, "m", ["--trust-request-mm-kwargs", *b.args])
-    cmd_a, _ = bench.server_command(a, tiny_checkpoint, 8000, "m", ["--trust-request-mm-kwargs", *a.args])
+    cmd_b, env_b = bench.server_command(b, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *b.args])
+    cmd_a, _ = bench.server_command(a, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *a.args])
     assert cmd_b[-2:] == ["--trust-request-mm-kwargs", "--api-server-count=2"] and env_b["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert "--api-server-count=2" not in cmd_a
     plain = bench.make_profile("plain", {}, "B", tmp_path, ["--api-server-count=2"])
-    cmd_plain, _ = bench.server_command(plain, tiny_checkpoint, 8000, "m", plain.args)
+    cmd_plain, _ = bench.server_command(plain, tiny_config, 8000, "m", plain.args)
     assert "serve" in cmd_plain and "--api-server-count=2" in cmd_plain
     assert "--api-server-count=2" in b.describe()
 
 
+@pytest.mark.slow
 def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     result = run_bench("roofline", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--threads", "1",
                        timeout=300)
@@ -203,6 +204,7 @@ def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     assert "## Hardware limits" in (tmp_path / "bench.md").read_text()
 
 
+@pytest.mark.slow
 def test_decode_cost_counts_the_language_model_weights(tiny_checkpoint):
     """Bytes per token against an independent count: every tensor of the text model, read with safetensors."""
     from safetensors import safe_open
@@ -211,7 +213,7 @@ def test_decode_cost_counts_the_language_model_weights(tiny_checkpoint):
 
     total = 0
     with safe_open(str(tiny_checkpoint / "model.safetensors"), "pt") as f:
-        for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+        for name in f.keys():
             if name.startswith(("model.language_model.layers.", "model.language_model.norm.", "lm_head.")):
                 tensor = f.get_tensor(name)
                 total += tensor.numel() * tensor.element_size()
@@ -232,7 +234,7 @@ def test_per_request_mm_kwargs_need_a_trusting_server(server, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.server
+@pytest.mark.engine
 def test_ab_entrypoint_vs_plain_vllm_serve_with_image_modes(tiny_checkpoint, tmp_path):
     """One A/B pair: both servers start, serve a 4x-mode image cell, and are stopped with their whole
     process group. The plain one is `vllm serve` with the command the entrypoint's plan execs."""
@@ -323,9 +325,9 @@ def test_bad_arguments_exit_2_with_a_clear_message(args, message, tmp_path):
     assert not (tmp_path / "x" / "bench.json").exists()
 
 
-def test_bad_profile_and_env_exit_2(tiny_checkpoint, tmp_path):
-    result = run_bench("ab", "--checkpoint", str(tiny_checkpoint), "--a", "fast", "--out", str(tmp_path), timeout=60)
+def test_bad_profile_and_env_exit_2(tiny_config, tmp_path):
+    result = run_bench("ab", "--checkpoint", str(tiny_config), "--a", "fast", "--out", str(tmp_path), timeout=60)
     assert result.returncode == 2 and "profile 'fast' is unknown; choose from seed" in result.stderr
-    result = run_bench("ab", "--checkpoint", str(tiny_checkpoint), "--b-env", "NOEQUALS", "--out", str(tmp_path),
+    result = run_bench("ab", "--checkpoint", str(tiny_config), "--b-env", "NOEQUALS", "--out", str(tmp_path),
                        timeout=60)
     assert result.returncode == 2 and "--b-env 'NOEQUALS': expected KEY=VALUE" in result.stderr

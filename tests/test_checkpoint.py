@@ -4,9 +4,9 @@ deterministic, peaked, released-model shapes for `full`, and a chat template tha
 from __future__ import annotations
 
 import hashlib
-import sys
 import json
 import pathlib
+import sys
 
 import pytest
 import torch
@@ -19,6 +19,7 @@ def sha256(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_hf_loads_tiny_checkpoint_with_no_missing_or_unexpected_weights(tiny_checkpoint):
     model, info = MiniCPMV4_6ForConditionalGeneration.from_pretrained(
         tiny_checkpoint, output_loading_info=True, dtype=torch.float32
@@ -34,6 +35,7 @@ def test_hf_loads_tiny_checkpoint_with_no_missing_or_unexpected_weights(tiny_che
         assert any(name.startswith(prefix) for name in names), prefix
 
 
+@pytest.mark.slow
 def test_generation_is_deterministic_by_seed(tiny_checkpoint, tmp_path):
     again = checkpoint.generate(tmp_path / "same", "tiny", seed=0)
     other = checkpoint.generate(tmp_path / "other", "tiny", seed=1)
@@ -44,6 +46,7 @@ def test_generation_is_deterministic_by_seed(tiny_checkpoint, tmp_path):
         assert (again / name).read_text() == (tiny_checkpoint / name).read_text(), name
 
 
+@pytest.mark.slow
 def test_tiny_model_next_token_distribution_is_peaked(tiny_checkpoint):
     """Accuracy checks need confident tokens: the top-1/top-2 log-prob gap must be large."""
     model = MiniCPMV4_6ForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32)
@@ -54,6 +57,16 @@ def test_tiny_model_next_token_distribution_is_peaked(tiny_checkpoint):
     top2 = logprobs.topk(2, dim=-1).values
     gaps = top2[:, 0] - top2[:, 1]
     assert gaps.median() > 0.5, f"median top-1/top-2 gap {gaps.median():.3f} nat: not peaked"
+
+
+@pytest.mark.slow
+def test_tiny_config_is_the_tiny_checkpoint_without_its_weights(tiny_config, tiny_checkpoint):
+    """The unit tests' stand-in (tests/conftest.py `tiny_config`) holds the real checkpoint's files
+    byte for byte, all but the weights."""
+    names = {p.name for p in tiny_checkpoint.iterdir()} - {"model.safetensors", "README.md"}
+    assert {p.name for p in tiny_config.iterdir()} == names | {"model.safetensors"}
+    for name in names:
+        assert (tiny_config / name).read_bytes() == (tiny_checkpoint / name).read_bytes(), name
 
 
 def test_full_preset_has_the_released_model_shapes(tmp_path):
@@ -107,8 +120,8 @@ def test_full_preset_tokenizer_has_the_released_vocabulary_and_ids(tmp_path):
     assert (config.image_token_id, config.video_token_id, config.eos_token_id) == (248056, 248057, 248046)
 
 
-def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_checkpoint):
-    processor = AutoProcessor.from_pretrained(tiny_checkpoint)
+def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_config):
+    processor = AutoProcessor.from_pretrained(tiny_config)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
     on = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     off = processor.apply_chat_template(
@@ -119,27 +132,27 @@ def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_checkpoint):
     assert "<|image_pad|>Describe." in on
 
 
-def test_generation_config_stops_on_im_end(tiny_checkpoint):
-    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
-    stops = json.loads((tiny_checkpoint / "generation_config.json").read_text())["eos_token_id"]
+def test_generation_config_stops_on_im_end(tiny_config):
+    tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
+    stops = json.loads((tiny_config / "generation_config.json").read_text())["eos_token_id"]
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
 
 
 @pytest.mark.parametrize("token", ["<think>", "</think>", "<|image_pad|>", "<slice>", "<image_id>", "<tool_call>",
                                    "</tool_call>", "<tool_response>", "</tool_response>"])
-def test_special_tokens_are_single_tokens(tiny_checkpoint, token):
-    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+def test_special_tokens_are_single_tokens(tiny_config, token):
+    tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     assert len(tokenizer(token, add_special_tokens=False).input_ids) == 1
 
 
-def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tiny_checkpoint):
+def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tiny_config):
     """Tools in the system turn, an assistant call exactly as vLLM's qwen3_coder parser reads it
     (the format tests/test_tool_parsing.py feeds the parser), results as <tool_response> in a user
     turn, the thinking of the current tool loop kept, older thinking dropped."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "plugin" / "tests"))
     import tool_parsing_harness as harness
 
-    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     call = {"id": "c1", "type": "function",
             "function": {"name": "get_weather", "arguments": {"city": "Paris", "options": {"unit": "celsius"}}}}
     messages = [
@@ -162,10 +175,10 @@ def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tin
     assert without_tools.startswith("<|im_start|>system\nBe brief.<|im_end|>\n") and "# Tools" not in without_tools
 
 
-def test_an_unfinished_thought_continues_the_generation_prompt(tiny_checkpoint):
+def test_an_unfinished_thought_continues_the_generation_prompt(tiny_config):
     """`continue_final_message` with an assistant message `<think>\\n...` (how the parity tool
     teacher-forces a reasoning continuation) renders the generation prompt, then the text."""
-    tokenizer = AutoProcessor.from_pretrained(tiny_checkpoint).tokenizer
+    tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     user = [{"role": "user", "content": "What is 2+3?"}]
     prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
     continued = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": "<think>\nTwo plus three "}],

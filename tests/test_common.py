@@ -76,7 +76,7 @@ def test_every_tool_refuses_both_keys_with_a_usage_error(tool, tmp_path) -> None
 class _Answers(http.server.BaseHTTPRequestHandler):
     """/ok: JSON; /error: vLLM's error body with 400; /text: not JSON; /trickle: 64 KiB every 0.6 s."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         body = {"/ok": b'{"data": [1]}', "/error": b'{"error": {"message": "bad  thing\\n happened"}}',
                 "/text": b"<html>", "/trickle": b"x" * 4 * 2**16}[self.path]
         self.send_response(400 if self.path == "/error" else 200)

@@ -1,7 +1,8 @@
 """compose.yaml and env/*.env: the Compose Specification schema, the NPU devices and driver mounts
 an Ascend container needs (docs/design/ascend-stack.md, "Running Ascend containers"), health
 checks, and env files that hold only what the entrypoint declares (plus an explicit list of
-runtime variables) and resolve without a configuration error."""
+runtime variables), set only what differs from the defaults, and resolve without a configuration
+error."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import pytest
 import yaml
 
 from conftest import REPO
+from minicpmv_ascend import settings
 from test_deploy_support import (
+    ASCEND_ENV,
+    CPU_ENV,
+    ENV_DIR,
     RUNTIME_ENV_ALLOWLIST,
     TARGETS,
     TARGETS_TABLE,
+    VLLM_ASCEND_IMAGE_ENV,
     allowed_env_vars,
     declared_env_vars,
     env_files,
@@ -24,6 +30,7 @@ from test_deploy_support import (
     lint_tool,
     project_image,
     read_env_file,
+    restated_defaults,
     run_tool,
 )
 
@@ -122,7 +129,7 @@ def test_ascend_service_basics() -> None:
         "VLLM_ASCEND_VERSION": TARGETS_TABLE["default"], "ASCEND_TARGET": "a2",
         "VLLM_ASCEND_IMAGE": TARGETS_TABLE["image"], "PIP_INDEX_URL": ""}}
     assert service["image"] == project_image("a2")
-    assert service["env_file"] == ["env/ascend-a2.env"]
+    assert service["env_file"] == ["env/ascend.env"]
     assert size_bytes(service["shm_size"]) >= 2**30, (
         "--shm-size 1g or more (docs/design/ascend-stack.md, Running Ascend containers)")
     assert service["restart"] in ("unless-stopped", "always", "on-failure")
@@ -131,17 +138,17 @@ def test_ascend_service_basics() -> None:
     assert duration_s(service["stop_grace_period"]) >= 30
     # The weights are mounted read-only where MODEL_PATH points.
     assert "./models:/models:ro" in service["volumes"]
-    assert env_mapping(REPO / "env" / "ascend-a2.env")["MODEL_PATH"].startswith("/models/")
-    # The published port reaches the port the server listens on, on this host only by default.
+    assert env_mapping(ASCEND_ENV)["MODEL_PATH"].startswith("/models/")
+    # The published port reaches the port the server listens on (the default), on this host only.
     assert service["ports"] == ["127.0.0.1:8000:8000"]
-    assert env_mapping(REPO / "env" / "ascend-a2.env")["PORT"] == "8000"
+    assert settings.resolve((), env_mapping(ASCEND_ENV))["port"] == 8000
 
 
-def test_a3_switches_image_and_env_file_together() -> None:
+def test_a3_switches_the_image_and_keeps_the_settings() -> None:
     service = compose(ASCEND_TARGET="a3")["services"]["minicpmv"]
     assert service["build"]["args"]["ASCEND_TARGET"] == "a3"
     assert service["image"] == project_image("a3")
-    assert service["env_file"] == ["env/ascend-a3.env"]
+    assert service["env_file"] == ["env/ascend.env"]
 
 
 @pytest.mark.parametrize("tag", list(TARGETS_TABLE["targets"]))
@@ -249,9 +256,34 @@ def test_env_files_referenced_by_compose_exist() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_one_env_file_per_target() -> None:
-    assert [p.name for p in env_files()] == ["ascend-a2.env", "ascend-a3.env", "cpu.env"]
+def test_one_env_file_per_platform_and_one_for_every_ascend_deployment() -> None:
+    """A2 and A3 take the same settings: one file. compose and docker run read env/ascend.env,
+    which is the Kubernetes base's serving.env (a symlink: kustomize reads no file outside its
+    directory, compose and docker read any), so the two cannot drift apart."""
+    assert [p.name for p in env_files()] == ["ascend.env", "cpu.env"]
+    link = ENV_DIR / "ascend.env"
+    assert link.is_symlink() and link.resolve() == ASCEND_ENV.resolve(), "env/ascend.env is not the k8s base's file"
 
+
+@pytest.mark.parametrize("path,platform", [(ASCEND_ENV, "ascend"), (CPU_ENV, "cpu")], ids=["ascend", "cpu"])
+def test_env_file_sets_only_what_differs_from_the_defaults(path: pathlib.Path, platform: str, tiny_config) -> None:
+    """Every default lives in one place (minicpmv_ascend.settings, and the launcher's and the
+    images' environment): an env file that repeats one would have to change with it."""
+    assert restated_defaults(path, platform, tiny_config) == []
+
+
+def test_the_restatement_check_catches_each_kind(tmp_path: pathlib.Path, tiny_config) -> None:
+    env = tmp_path / "restating.env"
+    env.write_text("# comment for each\nMODEL_PATH=/models/x\nASCEND_RT_VISIBLE_DEVICES=0\nMAX_MODEL_LEN=4096\n"
+                   "MAX_NUM_SEQS=16\nLIMIT_MM_PER_PROMPT={\"video\":2,\"image\":5}\nENFORCE_EAGER=true\n"
+                   "API_KEY_FILE=\nHF_HUB_OFFLINE=1\nTASK_QUEUE_ENABLE=1\nPORT=8000\nOMP_PROC_BIND=false\n")
+    found = {int(p.split(":")[1]): p for p in restated_defaults(env, "ascend", tiny_config)}
+    expected = {5: "the default of `max_num_seqs`", 6: "the default of `limit_mm_per_prompt`",
+                7: "the default of `enforce_eager`", 8: "an empty value", 9: "the launcher sets it",
+                10: "the image's ENV", 11: "the default of `port`"}
+    assert sorted(found) == sorted(expected), found  # MODEL_PATH, the devices, 4096, OMP_PROC_BIND differ
+    for line, why in expected.items():
+        assert why in found[line], found[line]
 
 @pytest.mark.parametrize("path", env_files(), ids=lambda p: p.name)
 def test_env_file_holds_only_declared_settings_and_listed_runtime_variables(path: pathlib.Path) -> None:
@@ -276,42 +308,34 @@ def test_runtime_allowlist_is_explained_and_does_not_shadow_settings() -> None:
     assert all(len(reason.split()) >= 4 for reason in RUNTIME_ENV_ALLOWLIST.values())
 
 
-def test_a2_and_a3_env_files_set_the_same_variables() -> None:
-    a2, a3 = (env_mapping(REPO / "env" / f"ascend-{t}.env") for t in TARGETS)
-    assert a2.keys() == a3.keys()
-
-
-def test_ascend_env_files_carry_the_rope_workaround_and_tutorial_runtime_values() -> None:
+def test_ascend_env_file_carries_the_rope_workaround_and_tutorial_runtime_values() -> None:
     import json
 
-    for target in TARGETS:
-        env = env_mapping(REPO / "env" / f"ascend-{target}.env")
-        overrides = json.loads(env["HF_OVERRIDES"])
-        # Nested under text_config, or the plain rotary embedding still crashes
-        # (docs/design/ascend-stack.md, known problem 6).
-        assert overrides == {"text_config": {"rope_parameters": {"mrope_section": [11, 11, 10],
-                                                                 "mrope_interleaved": True}}}
-        assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
-        assert env["TASK_QUEUE_ENABLE"] == "1" and env["OMP_NUM_THREADS"] == "1"
-        assert env["ENABLE_PREFIX_CACHING"] == "false", "hybrid-model prefix caching is experimental on Ascend"
-        assert env["TENSOR_PARALLEL_SIZE"] == "1"
+    env = env_mapping(ASCEND_ENV)
+    overrides = json.loads(env["HF_OVERRIDES"])
+    # Nested under text_config, or the plain rotary embedding still crashes
+    # (docs/design/ascend-stack.md, known problem 6).
+    assert overrides == {"text_config": {"rope_parameters": {"mrope_section": [11, 11, 10],
+                                                             "mrope_interleaved": True}}}
+    assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True" and env["OMP_PROC_BIND"] == "false"
+    # What the tutorials also set, the base image does: its ENV, not repeated in the file.
+    assert {"TASK_QUEUE_ENABLE": "1", "OMP_NUM_THREADS": "1"}.items() <= VLLM_ASCEND_IMAGE_ENV.items()
+    resolved = settings.resolve((), env)
+    assert resolved["enable_prefix_caching"] is False, "hybrid-model prefix caching is experimental on Ascend"
+    assert resolved["tensor_parallel_size"] == 1 and resolved["enforce_eager"] is True
 
 
-@pytest.mark.parametrize("path,platform", [
-    (REPO / "env" / "ascend-a2.env", "ascend"),
-    (REPO / "env" / "ascend-a3.env", "ascend"),
-    (REPO / "env" / "cpu.env", "cpu"),
-], ids=lambda v: v.name if isinstance(v, pathlib.Path) else v)
-def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, platform: str, tiny_checkpoint) -> None:
+@pytest.mark.parametrize("path,platform", [(ASCEND_ENV, "ascend"), (CPU_ENV, "cpu")], ids=["ascend", "cpu"])
+def test_env_file_resolves_without_a_configuration_error(path: pathlib.Path, platform: str, tiny_config) -> None:
     """The settings module's own resolution and checks (types, ranges, devices, dtype, checkpoint),
-    on the platform the file is for. vLLM's parser checks the a2 values in
+    on the platform the file is for. vLLM's parser checks the Ascend values in
     test_deploy_images.py::test_ascend_image_command_outside_docker_dry_run, cpu.env's in
     test_deploy_cpu.py."""
     from minicpmv_ascend import settings
 
     env = {k: v for k, v in env_mapping(path).items()}
     if env.get("MODEL_PATH"):
-        env["MODEL_PATH"] = str(tiny_checkpoint)  # the directory the container would mount
+        env["MODEL_PATH"] = str(tiny_config)  # the directory the container would mount
     resolution = settings.resolve((), env)
     for entry in read_env_file(path):
         setting = next((s for s in settings.SETTINGS if s.env == entry.key), None)

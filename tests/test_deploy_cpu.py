@@ -24,6 +24,7 @@ import yaml
 from conftest import REPO, SHARED_SERVER_ENV, clean_env
 from test_deploy_support import (
     APP_DIR,
+    K8S,
     RUNTIME_ENV_ALLOWLIST,
     copy_map,
     dockerfile_instructions,
@@ -36,7 +37,6 @@ from test_deploy_support import (
     render_kustomization,
     server_container,
     to_host,
-    K8S,
 )
 
 pytestmark = pytest.mark.server

@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO, clean_env
 from test_deploy_support import (
     APP_DIR,
+    ASCEND_ENV,
     TARGETS_TABLE,
     copy_map,
     dockerfile_instructions,
@@ -231,14 +232,15 @@ def test_wrapper_fails_clearly_without_cann(tmp_path: pathlib.Path) -> None:
     assert "ascend-toolkit/set_env.sh not found" in err and "vllm-ascend" in err
 
 
-def test_ascend_image_command_outside_docker_dry_run(fake_cann: pathlib.Path, tiny_checkpoint) -> None:
-    """The Ascend image's ENTRYPOINT (tini dropped, paths mapped to the repo) with env/ascend-a2.env
+@pytest.mark.slow
+def test_ascend_image_command_outside_docker_dry_run(fake_cann: pathlib.Path, tiny_config) -> None:
+    """The Ascend image's ENTRYPOINT (tini dropped, paths mapped to the repo) with env/ascend.env
     and a fake CANN: the wrapper hands over to the launcher, which validates every value of the env
     file, including with vLLM's own argument parser, and prints the vLLM command it would exec."""
     files = copy_map(final_stage(dockerfile_instructions(DOCKERFILES["ascend"])))
     argv = to_host(image_command(DOCKERFILES["ascend"]), files)
-    env = {k: v for k, v in env_mapping(REPO / "env" / "ascend-a2.env").items() if v}
-    env["MODEL_PATH"] = str(tiny_checkpoint)  # the directory the compose volume would provide
+    env = env_mapping(ASCEND_ENV)
+    env["MODEL_PATH"] = str(tiny_config)  # the directory the compose volume would provide
     result = subprocess.run([*argv, "--dry-run"], env=clean_env(MINICPMV_ASCEND_ROOT=str(fake_cann), **env),
                             capture_output=True, text=True, timeout=180, cwd=REPO)
     assert result.returncode == 0, result.stderr + result.stdout

@@ -1,7 +1,8 @@
 """Kubernetes manifests: every overlay rendered by kustomize (kubectl's, as `kubectl apply -k` does)
 alone and with the optional components, validated against the Kubernetes OpenAPI schemas (strict:
 unknown fields fail), and checked for what matters: NPU resources, the project's probes with the
-right modes, graceful termination, volumes, settings equal to env/ascend-<target>.env."""
+right modes, graceful termination, volumes, settings equal to env/ascend.env (overlays change only
+what differs from the base and from the defaults)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,28 @@ import pytest
 import yaml
 
 from conftest import REPO
+from minicpmv_ascend import settings
 from test_deploy_support import (
     APP_DIR,
+    ASCEND_ENV,
     JOB_TEMPLATES,
     K8S,
     OVERLAYS,
     VOLCANO,
-    by_name,
-    pod_templates,
     allowed_env_vars,
     by_kind,
+    by_name,
     copy_map,
     dockerfile_instructions,
     env_mapping,
     final_stage,
     lint_tool,
     one,
+    pod_templates,
     project_image,
     render_everything,
     render_kustomization,
+    restated_defaults,
     run_tool,
     server_container,
 )
@@ -47,8 +51,6 @@ DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/version.info",
     "/etc/ascend_install.info",
 )
-# Not settings: the API key comes from the optional secret in Kubernetes.
-SECRET_ONLY = {"VLLM_API_KEY", "API_KEY_FILE"}
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +149,10 @@ def test_volumes_models_read_only_and_shared_memory(rendered, overlay: str) -> N
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_settings_equal_the_env_file_of_the_target(rendered, overlay: str) -> None:
+def test_settings_are_the_ascend_env_file(rendered, overlay: str) -> None:
     docs = rendered[overlay]
     configmap = one(docs, "ConfigMap")
-    env_file = {k: v for k, v in env_mapping(REPO / "env" / f"ascend-{OVERLAYS[overlay]}.env").items()
-                if v and k not in SECRET_ONLY}
-    assert configmap["data"] == env_file
+    assert configmap["data"] == env_mapping(ASCEND_ENV)
     container = server_container(one(docs, "Deployment"))
     assert container["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
     names = set(configmap["data"]) | {e["name"] for e in container.get("env", [])}
@@ -170,7 +170,7 @@ def test_service_reaches_the_server_port(rendered, overlay: str) -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     ports = {p["name"]: p["containerPort"] for p in server_container(deployment)["ports"]}
     (service_port,) = service["spec"]["ports"]
-    assert ports[service_port["targetPort"]] == int(one(docs, "ConfigMap")["data"]["PORT"])
+    assert ports[service_port["targetPort"]] == settings.resolve((), one(docs, "ConfigMap")["data"])["port"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -292,7 +292,7 @@ def test_smoke_job_runs_the_smoke_probe_against_the_service(rendered) -> None:
     assert env["SERVICE_URL"]["value"] == url
     assert f"{APP_DIR}/healthcheck/probe.py ready" in script
     assert f"exec python3 {APP_DIR}/healthcheck/probe.py smoke" in script
-    assert env["SERVED_MODEL_NAME"]["value"] == env_mapping(REPO / "env" / "ascend-a2.env")["SERVED_MODEL_NAME"]
+    assert env["SERVED_MODEL_NAME"]["value"] == settings.resolve((), env_mapping(ASCEND_ENV))["served_model_name"]
     assert job["spec"]["activeDeadlineSeconds"] > 20 * 60, "waits through a cold start, bounded"
     assert "huawei.com/Ascend910" not in str(container["resources"]), "no NPU for a client"
 
@@ -310,7 +310,7 @@ def test_download_job_fills_the_models_claim_with_the_images_script(rendered, re
     assert mount["mountPath"] == "/models" and not mount.get("readOnly")
     claim = one(docs, "PersistentVolumeClaim")
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"] == "minicpmv-models"
-    model_path = env_mapping(REPO / "env" / "ascend-a2.env")["MODEL_PATH"]
+    model_path = env_mapping(ASCEND_ENV)["MODEL_PATH"]
     assert model_path == "/models/MiniCPM-V-4.6-Thinking", "where the script puts OpenBMB/MiniCPM-V-4.6-Thinking"
 
 
@@ -371,7 +371,7 @@ def test_autoscaler_scales_the_deployment_on_vllm_queue_metrics(rendered) -> Non
     assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
     metrics = {m["pods"]["metric"]["name"]: m["pods"]["target"] for m in hpa["spec"]["metrics"]}
     assert set(metrics) == set(adapter_metric_names().values())
-    max_num_seqs = int(one(docs, "ConfigMap")["data"]["MAX_NUM_SEQS"])
+    max_num_seqs = settings.resolve((), one(docs, "ConfigMap")["data"])["max_num_seqs"]
     assert 0 < float(metrics["vllm_num_requests_running"]["averageValue"]) < max_num_seqs
     up = hpa["spec"]["behavior"]["scaleUp"]["policies"]
     assert up == [{"type": "Pods", "value": 1, "periodSeconds": 180}], "one cold start at a time"
@@ -431,6 +431,20 @@ def test_autoscaling_metric_names_are_what_vllm_serves(server) -> None:
         assert f"# TYPE {series} gauge" in text, series
         lines = [line for line in text.splitlines() if line.startswith(series + "{")]
         assert lines and all('engine="' in line and f'model_name="{server.model}"' in line for line in lines), lines
+
+
+def test_overlays_change_only_what_differs_from_the_base_and_the_defaults(tmp_path, tiny_config) -> None:
+    """An overlay's `configMapGenerator` (behavior: merge) may change a setting for its clusters;
+    a value equal to the base's, or to the default, would be a second copy to keep in step."""
+    base = env_mapping(ASCEND_ENV)
+    for path in sorted((K8S / "overlays").glob("*/kustomization.yaml")):
+        for generator in yaml.safe_load(path.read_text()).get("configMapGenerator") or []:
+            literals = dict(literal.split("=", 1) for literal in generator.get("literals", []))
+            assert not generator.get("envs") and not generator.get("files"), f"{path}: literals only"
+            assert not {k: v for k, v in literals.items() if base.get(k) == v}, f"{path} repeats the base"
+            merged = tmp_path / f"{path.parent.name}.env"
+            merged.write_text("".join(f"# {path}\n{k}={v}\n" for k, v in {**base, **literals}.items()))
+            assert restated_defaults(merged, "ascend", tiny_config) == [], path
 
 
 def test_every_manifest_file_is_used() -> None:

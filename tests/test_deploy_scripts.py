@@ -104,8 +104,8 @@ def run_download(fake: pathlib.Path, checkpoint: pathlib.Path, model_dir: pathli
 
 
 def test_download_fetches_the_thinking_model_into_the_model_dir_and_verifies_it(
-        fake_modelscope, tiny_checkpoint, tmp_path) -> None:
-    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "models")
+        fake_modelscope, tiny_config, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_config, tmp_path / "models")
     assert result.returncode == 0, result.stderr
     dest = tmp_path / "models" / "MiniCPM-V-4.6-Thinking"
     args = json.loads((fake_modelscope.parent / "args.json").read_text())
@@ -115,8 +115,8 @@ def test_download_fetches_the_thinking_model_into_the_model_dir_and_verifies_it(
     assert "MODEL_PATH=/models/MiniCPM-V-4.6-Thinking" in result.stdout
 
 
-def test_download_passes_model_id_and_revision(fake_modelscope, tiny_checkpoint, tmp_path) -> None:
-    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "m",
+def test_download_passes_model_id_and_revision(fake_modelscope, tiny_config, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_config, tmp_path / "m",
                           MODEL_ID="OpenBMB/MiniCPM-V-4.6", MODEL_REVISION="v1.0")
     assert result.returncode == 0, result.stderr
     args = json.loads((fake_modelscope.parent / "args.json").read_text())
@@ -124,8 +124,8 @@ def test_download_passes_model_id_and_revision(fake_modelscope, tiny_checkpoint,
                     "--local_dir", str(tmp_path / "m" / "MiniCPM-V-4.6")]
 
 
-def test_download_fails_on_an_incomplete_checkpoint(fake_modelscope, tiny_checkpoint, tmp_path) -> None:
-    result = run_download(fake_modelscope, tiny_checkpoint, tmp_path / "models", FAKE_MODELSCOPE_TRUNCATE="1")
+def test_download_fails_on_an_incomplete_checkpoint(fake_modelscope, tiny_config, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_config, tmp_path / "models", FAKE_MODELSCOPE_TRUNCATE="1")
     assert result.returncode == 1
     assert "truncated" in result.stderr and "run this script again" in result.stderr
 
@@ -168,17 +168,17 @@ def verify(*args: str) -> subprocess.CompletedProcess:
                           env=clean_env())
 
 
-def test_verify_complete_checkpoint(tiny_checkpoint) -> None:
-    result = verify(str(tiny_checkpoint), "--json")
+def test_verify_complete_checkpoint(tiny_config) -> None:
+    result = verify(str(tiny_config), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["complete"] and report["problems"] == [] and report["warnings"] == []
     assert report["architectures"] == ["MiniCPMV4_6ForConditionalGeneration"]
 
 
-def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_checkpoint, tmp_path) -> None:
+def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_config, tmp_path) -> None:
     broken = tmp_path / "broken"
-    shutil.copytree(tiny_checkpoint, broken)
+    shutil.copytree(tiny_config, broken)
     (broken / "tokenizer.json").unlink()
     result = verify(str(broken))
     # 3, not 1: Python exits 1 on any crash, which must never read as "incomplete".
@@ -188,9 +188,9 @@ def test_verify_reports_what_is_missing_with_the_launchers_checks(tiny_checkpoin
     assert model_files.checkpoint_problems(broken) and "tokenizer" in model_files.checkpoint_problems(broken)[0]
 
 
-def test_verify_warns_about_another_model(tiny_checkpoint, tmp_path) -> None:
+def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:
     other = tmp_path / "other"
-    shutil.copytree(tiny_checkpoint, other)
+    shutil.copytree(tiny_config, other)
     config = json.loads((other / "config.json").read_text())
     config["architectures"] = ["Qwen3ForCausalLM"]
     (other / "config.json").write_text(json.dumps(config))

@@ -28,9 +28,13 @@ LINT_BIN = REPO / ".venv-lint" / "bin"
 TARGETS_TABLE = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))
 K8S = REPO / "deploy" / "k8s"
 ENV_DIR = REPO / "env"
+# The Ascend servers' settings, one file for every target: the Kubernetes base's ConfigMap source,
+# and env/ascend.env (a symlink to it) for compose and docker run. The CPU image's: env/cpu.env.
+ASCEND_ENV = K8S / "base" / "serving.env"
+CPU_ENV = ENV_DIR / "cpu.env"
 APP_DIR = "/opt/minicpmv-ascend"  # where both images put the files orchestrators call by path
 TARGETS = ("a2", "a3")
-# overlay -> the target (env/ascend-<target>.env, image variant) it deploys
+# overlay -> the image variant (a2, a3) it deploys
 OVERLAYS = {"a2": "a2", "a3": "a3", "cce": "a2", "cce-a3": "a3", "autoscaling": "a2"}
 # The Volcano component of each target (MindCluster clusters; CCE has its own device plugin).
 VOLCANO = {"a2": "volcano", "a3": "volcano-a3"}
@@ -132,6 +136,44 @@ def env_mapping(path: pathlib.Path) -> dict[str, str]:
 
 def env_files() -> list[pathlib.Path]:
     return sorted(ENV_DIR.glob("*.env"))
+
+
+# What the vllm-ascend base image sets itself: its Dockerfile's ENV, the same from v0.23.0 to main
+# (https://github.com/vllm-project/vllm-ascend/blob/v0.23.0/Dockerfile, and Dockerfile.a3).
+VLLM_ASCEND_IMAGE_ENV = {"TASK_QUEUE_ENABLE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def restated_defaults(path: pathlib.Path, platform: str, model_dir: pathlib.Path) -> list[str]:
+    """The lines of an env file that set nothing new, with why: an empty value (unset), a setting
+    equal to its declared default (minicpmv_ascend.settings), or a runtime variable equal to what
+    the server gets anyway, from the launcher (its plan's environment defaults for the platform) or
+    from the image (its ENV, and the vllm-ascend base image's). `model_dir` stands in for a
+    MODEL_PATH the file sets (the directory the container would mount)."""
+    from minicpmv_ascend import settings
+
+    entries = read_env_file(path)
+    env = {e.key: e.value for e in entries if e.value}
+    if "MODEL_PATH" in env:
+        env["MODEL_PATH"] = str(model_dir)
+    resolution = settings.resolve((), env)
+    launcher = settings.build_plan(resolution, env, platform).env_defaults
+    image = image_env(REPO / ("Dockerfile.cpu" if platform == "cpu" else "Dockerfile"))
+    if platform == "ascend":
+        image = {**VLLM_ASCEND_IMAGE_ENV, **image}
+    by_env = {s.env: s for s in settings.SETTINGS}
+    problems = []
+    for e in entries:
+        where = f"{path.name}:{e.line}: {e.key}={e.value}"
+        setting = by_env.get(e.key)
+        if not e.value:
+            problems.append(f"{where}: an empty value means unset: remove the line")
+        elif setting is not None and resolution[setting.name] == setting.default:
+            problems.append(f"{where}: the default of `{setting.name}`: remove the line")
+        elif launcher.get(e.key) == e.value:
+            problems.append(f"{where}: the launcher sets it on {platform} already: remove the line")
+        elif image.get(e.key) == e.value:
+            problems.append(f"{where}: the image's ENV sets it already: remove the line")
+    return problems
 
 
 # --------------------------------------------------------------------------------------------

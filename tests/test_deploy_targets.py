@@ -1,8 +1,9 @@
 """deploy/ascend-targets.yaml, the one table of Ascend targets: its facts are sourced or listed as
-open; the docs' Targets section is generated from it; the env files and the README name its
-default; and scripts/ascend_check.py reports the target an image was built for, from the table and
-the build's record it carries. (The Dockerfile, compose and the overlays are compared with it in
-test_deploy_images.py, test_deploy_compose_env.py and test_deploy_k8s.py.)"""
+open; the docs' Targets section is generated from it; the README names its default (the one Ascend
+env file names none: its settings are every target's); and scripts/ascend_check.py reports the
+target an image was built for, from the table and the build's record it carries. (The Dockerfile,
+compose and the overlays are compared with it in test_deploy_images.py, test_deploy_compose_env.py
+and test_deploy_k8s.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import yaml
 
 from conftest import REPO, clean_env
 from minicpmv_ascend.tools import targets
-from test_deploy_support import TARGETS, TARGETS_TABLE, read_env_file
+from test_deploy_support import ASCEND_ENV, TARGETS, TARGETS_TABLE
 
 TABLE_FILE = REPO / "deploy" / "ascend-targets.yaml"
 DOCS = REPO / "docs" / "deploy-ascend.md"
@@ -77,16 +78,14 @@ def test_docs_targets_section_is_generated_from_the_table() -> None:
     assert f"**{TARGETS_TABLE['default']}** (default)" in body
 
 
-@pytest.mark.parametrize("variant", TARGETS)
-def test_env_files_name_the_default_target(variant: str) -> None:
-    path = REPO / "env" / f"ascend-{variant}.env"
-    header = path.read_text().split("\n\n", 1)[0]
-    assert f"minicpmv-ascend:<vllm-ascend release>-{variant}" in header
-    assert f"vllm-ascend {TARGETS_TABLE['default']} by default" in header
-    for tag in TARGETS_TABLE["targets"]:
-        assert tag in header
-    compilation = next(e for e in read_env_file(path) if e.key == "COMPILATION_CONFIG")
-    assert '{"cudagraph_mode":"FULL_DECODE_ONLY"}' in " ".join(compilation.comment)
+def test_the_ascend_env_file_is_every_targets_and_points_to_the_defaults() -> None:
+    """One settings file for every target and variant (the image carries the target): its header
+    says so, where the other settings are documented, and how to turn on decode graphs."""
+    header = ASCEND_ENV.read_text().split("\n\n", 1)[0]
+    assert "A2 and A3 alike" in header and "README.md \"Configuration\"" in header
+    assert "python -m minicpmv_ascend.settings --markdown" in header and "--dry-run" in header
+    assert 'COMPILATION_CONFIG={"cudagraph_mode":"FULL_DECODE_ONLY"}' in header
+    assert not any(tag in ASCEND_ENV.read_text() for tag in TARGETS_TABLE["targets"]), "no target named"
 
 
 def test_readme_names_the_default_target_and_the_table() -> None:
@@ -116,6 +115,7 @@ RECORD = {"target": "v0.30.0", "variant": "a3", "decision": "keep", "transformer
           "reason": "keep the base image's transformers 5.19.0: it has MiniCPMV4_6Config and meets the rules"}
 
 
+@pytest.mark.slow
 def test_ascend_check_reports_the_target_of_the_image(tmp_path) -> None:
     """The whole report, as an NPU user runs it (no server here: --no-requests). The table copy
     says the image's vLLM is this machine's (0.32.0), as an image's table says its own."""

@@ -25,8 +25,6 @@ IMAGES = EXAMPLES / "images"
 # Small budgets: the random model's words are noise, only the shapes matter here.
 MAX_TOKENS = "16"
 
-pytestmark = pytest.mark.server
-
 
 def run_example(command: list[str], server: Any, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
@@ -75,17 +73,20 @@ def image_host() -> Iterator[str]:
 # ------------------------------------------------------------------ curl
 
 
+@pytest.mark.server
 def test_curl_text_thinking_on(server: Any) -> None:
     message = message_of(curl_json("text.sh", server, 'Say "hi"\\ then\ttab\nnewline'))
     assert reasoning(message)  # the template opens <think>: the first tokens are reasoning
 
 
+@pytest.mark.server
 def test_curl_thinking_off(server: Any) -> None:
     message = message_of(curl_json("thinking_off.sh", server))
     assert reasoning(message) is None or reasoning(message) == ""
     assert message["content"]
 
 
+@pytest.mark.server
 def test_curl_image_base64(server: Any) -> None:
     image = curl_json("image_base64.sh", server)
     text = curl_json("text.sh", server, "What colour is the square?")
@@ -95,6 +96,7 @@ def test_curl_image_base64(server: Any) -> None:
     assert message_of(off)["content"] and not reasoning(message_of(off))
 
 
+@pytest.mark.server
 def test_curl_image_url(server: Any, image_host: str) -> None:
     response = curl_json("image_url.sh", server, IMAGE_URL=f"{image_host}/red_square.png")
     inline = curl_json("image_base64.sh", server, "What is in the picture?")
@@ -102,6 +104,7 @@ def test_curl_image_url(server: Any, image_host: str) -> None:
     assert response["usage"]["prompt_tokens"] == inline["usage"]["prompt_tokens"]
 
 
+@pytest.mark.server
 def test_curl_stream(server: Any) -> None:
     result = run_example(["bash", str(CURL / "stream.sh")], server)
     assert result.returncode == 0, result.stderr
@@ -121,6 +124,7 @@ def test_curl_stream(server: Any) -> None:
 STRUCTURED = {"MAX_TOKENS": "160", "THINKING": "false"}
 
 
+@pytest.mark.server
 def test_curl_tools(server: Any) -> None:
     response = curl_json("tools.sh", server, TOOL_CHOICE="required", **STRUCTURED)
     call = message_of(response)["tool_calls"][0]
@@ -130,12 +134,14 @@ def test_curl_tools(server: Any) -> None:
     assert not message_of(none).get("tool_calls")
 
 
+@pytest.mark.server
 def test_curl_json_schema(server: Any) -> None:
     response = curl_json("json_schema.sh", server, **STRUCTURED)
     verdict = json.loads(message_of(response)["content"])
     assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("script", ["text.sh", "thinking_off.sh", "stream.sh", "image_base64.sh", "tools.sh",
                                     "json_schema.sh"])
 def test_curl_fails_on_errors(server: Any, script: str) -> None:
@@ -146,6 +152,7 @@ def test_curl_fails_on_errors(server: Any, script: str) -> None:
     assert dead.returncode != 0
 
 
+@pytest.mark.server
 def test_curl_image_url_requires_the_url(server: Any) -> None:
     result = run_example(["bash", str(CURL / "image_url.sh")], server)
     assert result.returncode != 0 and "IMAGE_URL" in result.stderr
@@ -186,18 +193,21 @@ def field(output: str, name: str) -> str:
     return lines[0].removeprefix(f"{name}: ")
 
 
+@pytest.mark.server
 def test_python_text_thinking_on(server: Any, openai_client: None) -> None:
     output = run_python("text.py", server, "What is 2+3?")
     assert field(output, "reasoning") not in ("", "None")
     assert field(output, "finish_reason").startswith("length")
 
 
+@pytest.mark.server
 def test_python_thinking_off(server: Any, openai_client: None) -> None:
     output = run_python("thinking_off.py", server)
     assert field(output, "reasoning") == "None"
     assert field(output, "answer") not in ("", "None")
 
 
+@pytest.mark.server
 def test_python_image_base64(server: Any, openai_client: None) -> None:
     output = run_python("image_base64.py", server)
     text = run_python("text.py", server, "What colour is the square?")
@@ -209,6 +219,7 @@ def test_python_image_base64(server: Any, openai_client: None) -> None:
     assert field(off, "reasoning") == "None"
 
 
+@pytest.mark.server
 def test_python_image_url(server: Any, image_host: str, openai_client: None) -> None:
     by_url = run_python("image_url.py", server, IMAGE_URL=f"{image_host}/blue_circle.png")
     inline = run_python("image_base64.py", server, str(IMAGES / "blue_circle.png"),
@@ -216,6 +227,7 @@ def test_python_image_url(server: Any, image_host: str, openai_client: None) -> 
     assert field(by_url, "prompt_tokens") == field(inline, "prompt_tokens")
 
 
+@pytest.mark.server
 def test_python_stream(server: Any, openai_client: None) -> None:
     output = run_python("stream.py", server)
     assert "[reasoning]" in output
@@ -223,6 +235,7 @@ def test_python_stream(server: Any, openai_client: None) -> None:
     assert chunks >= 4  # role chunk, several deltas, usage chunk
 
 
+@pytest.mark.server
 def test_python_multi_image(server: Any, openai_client: None) -> None:
     both = run_python("multi_image.py", server)
     one = run_python("multi_image.py", server, str(IMAGES / "red_square.png"))
@@ -230,6 +243,7 @@ def test_python_multi_image(server: Any, openai_client: None) -> None:
     assert int(field(both, "prompt_tokens")) > int(field(one, "prompt_tokens")) + 20
 
 
+@pytest.mark.server
 def test_python_tools_agent_loop(server: Any, openai_client: None) -> None:
     output = run_python("tools.py", server, TOOL_CHOICE="required", **STRUCTURED)
     call = json.loads(field(output, "tool_call").removeprefix("get_weather "))
@@ -237,11 +251,13 @@ def test_python_tools_agent_loop(server: Any, openai_client: None) -> None:
     assert result["city"] == call["city"].strip() and "answer" in output  # the model continued
 
 
+@pytest.mark.server
 def test_python_json_schema(server: Any, openai_client: None) -> None:
     verdict = json.loads(field(run_python("json_schema.py", server, **STRUCTURED), "json"))
     assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("script", ["text.py", "thinking_off.py", "stream.py",
                                     "image_base64.py", "multi_image.py", "tools.py", "json_schema.py"])
 def test_python_fails_on_errors(server: Any, openai_client: None, script: str) -> None:
@@ -250,6 +266,7 @@ def test_python_fails_on_errors(server: Any, openai_client: None, script: str) -
     assert "request failed" in result.stderr and "404" in result.stderr
 
 
+@pytest.mark.server
 def test_python_image_url_requires_the_url(server: Any, openai_client: None) -> None:
     result = run_example([sys.executable, str(PYTHON / "image_url.py")], server)
     assert result.returncode == 2 and "IMAGE_URL" in result.stderr

@@ -68,6 +68,7 @@ def nginx_binary() -> str:
     return path
 
 
+@pytest.mark.server
 @pytest.mark.engine
 def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, nginx_binary, tmp_path) -> None:
     second = start_server(tiny_checkpoint, tmp_path / "second.log")

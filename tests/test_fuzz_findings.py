@@ -89,6 +89,7 @@ VALIDATION = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_request_type_400_bug_without_and_fix_with_the_plugin():
     fixed, bug = run_python(VALIDATION), run_python(VALIDATION, PLUGIN_OFF)
     assert bug["list"][0] == bug["string"][0] == 500  # the bug (the real server says "'list' object has no attribute 'get'")
@@ -116,6 +117,7 @@ INVOCATIONS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_request_type_400_covers_invocations():
     """/invocations catches only ValidationError from its TypeAdapters: the bug is a 500 there too."""
     fixed, bug = run_python(INVOCATIONS), run_python(INVOCATIONS, PLUGIN_OFF)
@@ -147,6 +149,7 @@ CONTENT_PART = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_content_part_400_bug_without_and_fix_with_the_plugin():
     fixed, bug = run_python(CONTENT_PART), run_python(CONTENT_PART, PLUGIN_OFF)
     assert bug["text"][0] == bug["file"][0] == "AssertionError" and bug["file"][2] == 500  # the bug
@@ -179,6 +182,7 @@ RESPONSES_INPUT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_responses_assistant_content_bug_without_and_fix_with_the_plugin():
     fixed, bug = run_python(RESPONSES_INPUT), run_python(RESPONSES_INPUT, PLUGIN_OFF)
     assert bug["empty"][0::2] == ["IndexError", 500] and bug["refusal"][0::2] == ["AttributeError", 500]  # the bug

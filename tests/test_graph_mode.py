@@ -136,7 +136,7 @@ def target_envs() -> list:
     in-process above)."""
     out = []
     table = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text())
-    for tag, target in table["targets"].items():
+    for target in table["targets"].values():
         venv = REPO / f".venv-{target['test_lock'].rsplit('/', 1)[-1].removesuffix('.lock')}"
         out.append(pytest.param(target["vllm"], venv / "bin" / "python", id=f"vllm-{target['vllm']}",
                                 marks=pytest.mark.skipif(not (venv / "bin" / "python").exists(),
@@ -144,6 +144,7 @@ def target_envs() -> list:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version, python", target_envs())
 def test_each_targets_vllm_parses_the_profile(version, python) -> None:
     result = subprocess.run([str(python), "-c", PARSE, json.dumps({**MODEL_ID, **PROFILE})], capture_output=True,

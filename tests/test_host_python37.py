@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import REPO, clean_env
-from test_deploy_scripts import DOWNLOAD, VERIFY, FAKE_MODELSCOPE
+from test_deploy_scripts import DOWNLOAD, FAKE_MODELSCOPE, VERIFY
 
 PROBE = REPO / "healthcheck" / "probe.py"
 
@@ -123,13 +123,13 @@ def damaged_copies(checkpoint: pathlib.Path, root: pathlib.Path) -> dict[str, pa
     return out
 
 
-def test_verify_judges_like_the_servers_start_check(tiny_checkpoint, tmp_path) -> None:
+def test_verify_judges_like_the_servers_start_check(tiny_config, tmp_path) -> None:
     """The script reports the server's own start-up check (common.model_files, which settings
     uses too), problem by problem, on every kind of damage, with exit code 3 for any of them."""
     from minicpmv_ascend.common import model_files
 
-    cases = damaged_copies(tiny_checkpoint, tmp_path)
-    cases["complete"] = tiny_checkpoint
+    cases = damaged_copies(tiny_config, tmp_path)
+    cases["complete"] = tiny_config
     for name, directory in cases.items():
         result = run(sys.executable, str(VERIFY), str(directory), "--json")
         report = json.loads(result.stdout)
@@ -137,11 +137,11 @@ def test_verify_judges_like_the_servers_start_check(tiny_checkpoint, tmp_path) -
         assert result.returncode == (0 if name == "complete" else 3), (name, result.stderr)
 
 
-def test_verify_on_python37_good_damaged_and_missing(py37, tiny_checkpoint, tmp_path) -> None:
-    ok = run(py37, str(VERIFY), str(tiny_checkpoint))
+def test_verify_on_python37_good_damaged_and_missing(py37, tiny_config, tmp_path) -> None:
+    ok = run(py37, str(VERIFY), str(tiny_config))
     assert ok.returncode == 0, ok.stderr
-    assert f"{tiny_checkpoint}: complete" in ok.stdout
-    for name, directory in damaged_copies(tiny_checkpoint, tmp_path).items():
+    assert f"{tiny_config}: complete" in ok.stdout
+    for name, directory in damaged_copies(tiny_config, tmp_path).items():
         result = run(py37, str(VERIFY), str(directory))
         assert result.returncode == 3, (name, result.stdout, result.stderr)
         assert f"verify_model_dir: {directory}: " in result.stderr, name
@@ -154,10 +154,10 @@ def test_verify_on_python36_is_a_usage_error() -> None:
     assert result.returncode == 2 and "needs Python 3.7 or newer" in result.stderr
 
 
-def test_verify_warns_when_the_container_user_cannot_read_the_files(py37, tiny_checkpoint, tmp_path) -> None:
+def test_verify_warns_when_the_container_user_cannot_read_the_files(py37, tiny_config, tmp_path) -> None:
     """What a download under `umask 077` by root leaves: complete, but unreadable to UID 1000."""
     private = tmp_path / "private"
-    shutil.copytree(tiny_checkpoint, private)
+    shutil.copytree(tiny_config, private)
     for path in [private, *private.iterdir()]:
         path.chmod(0o700 if path.is_dir() else 0o600)
         os.chown(path, 0, 0) if os.geteuid() == 0 else None
@@ -170,7 +170,7 @@ def test_verify_warns_when_the_container_user_cannot_read_the_files(py37, tiny_c
     assert "not readable" not in run(py37, str(VERIFY), str(private)).stderr
 
 
-def test_verify_wait_returns_once_the_download_completes(py37, tiny_checkpoint, tmp_path) -> None:
+def test_verify_wait_returns_once_the_download_completes(py37, tiny_config, tmp_path) -> None:
     """The server's init container: waits (saying what is missing) while the directory is absent
     or partial, and exits 0 as soon as it is complete."""
     target = tmp_path / "models" / "MiniCPM-V-4.6-Thinking"
@@ -179,7 +179,7 @@ def test_verify_wait_returns_once_the_download_completes(py37, tiny_checkpoint, 
     try:
         time.sleep(2)
         assert waiting.poll() is None, waiting.communicate()
-        shutil.copytree(tiny_checkpoint, target)  # the download Job's work, at once
+        shutil.copytree(tiny_config, target)  # the download Job's work, at once
         out, err = waiting.communicate(timeout=30)
     finally:
         waiting.kill()
@@ -210,29 +210,29 @@ def download(modelscope: pathlib.Path, checkpoint: pathlib.Path, model_dir: path
                           text=True, timeout=120, cwd=REPO)
 
 
-def test_download_with_python37_verifies_complete_and_incomplete(py37, modelscope, tiny_checkpoint,
+def test_download_with_python37_verifies_complete_and_incomplete(py37, modelscope, tiny_config,
                                                                  tmp_path) -> None:
-    done = download(modelscope, tiny_checkpoint, tmp_path / "a", py37)
+    done = download(modelscope, tiny_config, tmp_path / "a", py37)
     assert done.returncode == 0, done.stderr
     assert f"{tmp_path / 'a' / 'MiniCPM-V-4.6-Thinking'}: complete" in done.stdout
-    cut = download(modelscope, tiny_checkpoint, tmp_path / "b", py37, FAKE_MODELSCOPE_TRUNCATE="1")
+    cut = download(modelscope, tiny_config, tmp_path / "b", py37, FAKE_MODELSCOPE_TRUNCATE="1")
     assert cut.returncode == 1, cut.stderr
     assert "truncated" in cut.stderr and "run this script again" in cut.stderr
 
 
-def test_download_with_too_old_a_python_is_not_taken_for_incomplete(modelscope, tiny_checkpoint,
+def test_download_with_too_old_a_python_is_not_taken_for_incomplete(modelscope, tiny_config,
                                                                    tmp_path) -> None:
     """The loop the issue found: the verifier failing to run must not read as "incomplete"."""
-    result = download(modelscope, tiny_checkpoint, tmp_path / "m", pyenv_python("3.6"))
+    result = download(modelscope, tiny_config, tmp_path / "m", pyenv_python("3.6"))
     assert result.returncode == 4, result.stderr
     assert "could not verify it" in result.stderr and "run this script again" not in result.stderr
 
 
 def test_download_creates_files_the_container_user_can_read_under_umask_077(py37, modelscope,
-                                                                            tiny_checkpoint, tmp_path) -> None:
+                                                                            tiny_config, tmp_path) -> None:
     environment = clean_env(PATH=f"{modelscope.parent}{os.pathsep}{os.environ['PATH']}", PYTHON=py37,
                             FAKE_MODELSCOPE_LOG=str(modelscope.parent / "args.json"),
-                            FAKE_MODELSCOPE_SOURCE=str(tiny_checkpoint))
+                            FAKE_MODELSCOPE_SOURCE=str(tiny_config))
     result = subprocess.run(["bash", "-c", f'umask 077 && exec "{DOWNLOAD}" "{tmp_path / "m"}"'],
                             env=environment, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -23,11 +23,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 @pytest.fixture(scope="module")
-def compilers(tiny_checkpoint):
+def compilers(tiny_config):
     import xgrammar as xgr
     from transformers import AutoTokenizer
 
-    info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(tiny_checkpoint))
+    info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(tiny_config))
     vllm_compiler = xgr.GrammarCompiler(info)
     return vllm_compiler, json_whitespace.BoundedWhitespaceCompiler(xgr.GrammarCompiler(info))
 

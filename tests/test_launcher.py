@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-from helpers_launcher import SECRET, launcher_env, run_entrypoint
 
+from helpers_launcher import SECRET, launcher_env, run_entrypoint
 from minicpmv_ascend import settings
 from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import SETTINGS
@@ -26,10 +26,11 @@ def _command_from(output: str) -> list[str]:
     return shlex.split(lines[lines.index("command:") + 1])
 
 
-def test_dry_run_shows_values_sources_and_the_command(tiny_checkpoint, tmp_path):
+@pytest.mark.slow
+def test_dry_run_shows_values_sources_and_the_command(tiny_config, tmp_path):
     config = tmp_path / "serve.yaml"
     config.write_text("seed: 7\nport: 9000\n")
-    env = launcher_env(MODEL_PATH=str(tiny_checkpoint), PORT="18199", VLLM_API_KEY=SECRET)
+    env = launcher_env(MODEL_PATH=str(tiny_config), PORT="18199", VLLM_API_KEY=SECRET)
     env.pop("PYTHONPATH", None)  # the shim must find the package from a source checkout by itself
     result, _ = run_entrypoint("--config", str(config), "--dry-run", "--max-model-len", "4096",
                                "--disable-log-stats", env=env)
@@ -45,13 +46,14 @@ def test_dry_run_shows_values_sources_and_the_command(tiny_checkpoint, tmp_path)
     assert rows["api_key"].endswith(f"= {settings.REDACTED}  [env VLLM_API_KEY]")
     assert SECRET not in out + result.stderr
     command = _command_from(out)
-    assert command[:5] == [sys.executable, "-m", "minicpmv_ascend.vllm_cli", "serve", str(tiny_checkpoint)]
+    assert command[:5] == [sys.executable, "-m", "minicpmv_ascend.vllm_cli", "serve", str(tiny_config)]
     assert command[command.index("--port") + 1] == "18199"
     assert command[command.index("--max-model-len") + 1] == "4096"
     assert command[-1] == "--disable-log-stats" and "--api-key" not in command
     assert "HF_HUB_OFFLINE=1" in out and "VLLM_CPU_KVCACHE_SPACE=1" in out
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_default_model_warns_and_generates_nothing(tmp_path):
     env = launcher_env(MINICPMV_CACHE_DIR=str(tmp_path))
     result, _ = run_entrypoint("--dry-run", env=env)
@@ -68,6 +70,7 @@ def test_help_lists_every_setting():
         assert f"  {s.name} / {s.env}" in result.stdout
 
 
+@pytest.mark.slow
 def test_interrupted_generation_leaves_no_checkpoint(tmp_path):
     """Kill a generation midway: no directory under the final name; the next start completes it."""
     target = tmp_path / settings.EMBEDDED_CHECKPOINT_NAME
@@ -91,17 +94,18 @@ def test_interrupted_generation_leaves_no_checkpoint(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # the abandoned attempt is cleaned up
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, env, imports_vllm", [
     ([], {}, False),  # env/YAML-only start: vLLM parses the command itself after the exec
     (["--disable-log-stats"], {}, True),  # a pass-through flag: checked here, redacted, exit 2
     ([], {"REASONING_PARSER": "qwen3"}, True),  # a parser name only vLLM's registry can judge
 ])
-def test_launcher_imports_vllms_parser_only_when_it_can_find_something(tiny_checkpoint, extra, env, imports_vllm):
+def test_launcher_imports_vllms_parser_only_when_it_can_find_something(tiny_config, extra, env, imports_vllm):
     """The start-up cost of vLLM's parser (~10 s) is paid only where it checks something."""
     probe = ("import sys, os; from minicpmv_ascend import launcher; "
              f"launcher.prepare({extra!r}, dict(os.environ)); "
              "print('vllm.entrypoints' in ' '.join(sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=VLLM_PARSER_FAIL_S,
-                            env=launcher_env(MODEL_PATH=str(tiny_checkpoint), **env))
+                            env=launcher_env(MODEL_PATH=str(tiny_config), **env))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == str(imports_vllm)

@@ -7,6 +7,8 @@ import pathlib
 import signal
 import time
 
+import pytest
+
 from conftest import start_server
 
 
@@ -14,6 +16,7 @@ def cmdline(pid: int) -> list[str]:
     return pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")
 
 
+@pytest.mark.engine
 def test_default_model_is_served_with_a_random_weights_warning_and_sigterm_exits_0(tmp_path):
     """No MODEL_PATH: the launcher generates the embedded tiny checkpoint into the cache directory,
     says loudly that its weights are random, then execs vLLM in its own process."""

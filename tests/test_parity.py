@@ -18,10 +18,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env, free_port, start_server
+from conftest import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
 from minicpmv_ascend.tools import parity_prompts
-
-pytestmark = pytest.mark.server
 
 PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
 # Prompts the shared server accepts (it is started without --trust-request-mm-kwargs, so it refuses
@@ -36,11 +34,12 @@ DEFAULT_OPTION_PROMPTS = ("text-greeting,reasoning-arithmetic,image-square-448,i
 TINY_MODEL_THRESHOLDS = ("--threshold", "top1_min=0.95")
 
 
-def run_parity(out: pathlib.Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """The command as a user runs it; returns the process and its JSON report (None if none)."""
+def run_parity(out: pathlib.Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """The command as a user runs it (with `env` set); returns the process and its JSON report
+    (None if none)."""
     process = subprocess.run(
         [sys.executable, "-m", "minicpmv_ascend.tools.parity", "--out", str(out), *args],
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
+        cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=PARITY_TIMEOUT_S,
     )
     report_path = out / "parity.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
@@ -87,14 +86,14 @@ def test_bad_reference_directory_is_a_usage_error(tmp_path):
     ("localhost:8000", "not an http(s) base URL"),
     ("http://127.0.0.1:8000/v1", "without /v1"),
 ])
-def test_malformed_candidate_url_is_a_usage_error(tmp_path, tiny_checkpoint, url, why):
-    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", url)
+def test_malformed_candidate_url_is_a_usage_error(tmp_path, tiny_config, url, why):
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_config}", "--candidate", url)
     assert process.returncode == 2 and why in process.stderr, process.stderr
 
 
-def test_unreachable_candidate_is_a_usage_error(tmp_path, tiny_checkpoint):
+def test_unreachable_candidate_is_a_usage_error(tmp_path, tiny_config):
     url = f"http://127.0.0.1:{free_port()}"
-    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", url)
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_config}", "--candidate", url)
     assert process.returncode == 2, process.stderr
     assert f"candidate {url}: GET /v1/models failed" in process.stderr and "connection refused" in process.stderr
 
@@ -104,8 +103,8 @@ def test_unreachable_candidate_is_a_usage_error(tmp_path, tiny_checkpoint):
     ("top1_min=high", "is not a number"),
     ("top1_min=-1", ">= 0"),
 ])
-def test_bad_threshold_is_a_usage_error(tmp_path, tiny_checkpoint, threshold, why):
-    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", "http://127.0.0.1:9",
+def test_bad_threshold_is_a_usage_error(tmp_path, tiny_config, threshold, why):
+    process, _ = run_parity(tmp_path, "--reference", f"hf:{tiny_config}", "--candidate", "http://127.0.0.1:9",
                             "--threshold", threshold)
     assert process.returncode == 2 and why in process.stderr, process.stderr
 
@@ -119,10 +118,10 @@ def test_bad_threshold_is_a_usage_error(tmp_path, tiny_checkpoint, threshold, wh
     ('{"id": "x", "text": "hi", "mm_processor_kwargs": {"downsample_mode": "8x"}}', "must be one of 16x, 4x"),
     ('{"id": "text-greeting", "text": "hi"}', "defined twice"),
 ])
-def test_bad_prompt_file_line_is_a_usage_error(tmp_path, tiny_checkpoint, line, why):
+def test_bad_prompt_file_line_is_a_usage_error(tmp_path, tiny_config, line, why):
     prompts = tmp_path / "extra.jsonl"
     prompts.write_text('# my prompts\n{"id": "ok", "text": "fine"}\n' + line + "\n")
-    process, _ = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", "--candidate",
+    process, _ = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_config}", "--candidate",
                             "http://127.0.0.1:9", "--prompts", str(prompts))
     assert process.returncode == 2, process.stderr
     assert why in process.stderr, process.stderr
@@ -130,14 +129,15 @@ def test_bad_prompt_file_line_is_a_usage_error(tmp_path, tiny_checkpoint, line, 
         assert f"{prompts}:3:" in process.stderr  # names the file and line
 
 
-def test_unknown_prompt_id_and_missing_prompt_file_are_usage_errors(tmp_path, tiny_checkpoint):
-    common = ("--reference", f"hf:{tiny_checkpoint}", "--candidate", "http://127.0.0.1:9")
+def test_unknown_prompt_id_and_missing_prompt_file_are_usage_errors(tmp_path, tiny_config):
+    common = ("--reference", f"hf:{tiny_config}", "--candidate", "http://127.0.0.1:9")
     process, _ = run_parity(tmp_path, *common, "--prompt", "no-such-prompt")
     assert process.returncode == 2 and "unknown prompt id(s) no-such-prompt" in process.stderr
     process, _ = run_parity(tmp_path, *common, "--no-builtin")
     assert process.returncode == 2 and "--no-builtin needs --prompts" in process.stderr
 
 
+@pytest.mark.server
 def test_server_refusing_per_request_processor_options_is_a_usage_error(tmp_path, tiny_checkpoint, server):
     """vLLM 0.32 refuses per-request mm_processor_kwargs unless started with --trust-request-mm-kwargs:
     the command says so instead of reporting a broken model."""
@@ -151,16 +151,18 @@ def test_server_refusing_per_request_processor_options_is_a_usage_error(tmp_path
 # Healthy: HF fp32 vs vLLM bf16 passes
 
 
-def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoint):
-    """The whole built-in set (4x/16x and per-request slicing need --trust-request-mm-kwargs, so a
-    server of this test's own), plus one prompt from a JSONL file with a PNG file of its own."""
+@pytest.mark.server
+def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoint, other_server):
+    """The whole built-in set (4x/16x and per-request slicing need --trust-request-mm-kwargs: the
+    second shared server, which also prefills in 64-token chunks and caches prefixes, and wants
+    its API key), plus one prompt from a JSONL file with a PNG file of its own."""
     picture = tmp_path / "picture.png"
     parity_prompts.draw_image(300, 200, seed=99).save(picture)
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"id": "jsonl-file-image", "text": "What is this?", "images": [{"path": "picture.png"}]}) + "\n")
-    with own_server(tiny_checkpoint, tmp_path / "healthy.log", "--trust-request-mm-kwargs") as healthy:
-        process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}",
-                                     "--candidate", healthy.base_url, "--prompts", str(extra), *TINY_MODEL_THRESHOLDS)
+    process, report = run_parity(tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}",
+                                 "--candidate", other_server.base_url, "--prompts", str(extra), *TINY_MODEL_THRESHOLDS,
+                                 VLLM_API_KEY=OTHER_SERVER_KEY)
     print(process.stdout)
     assert process.returncode == 0, process.stdout + process.stderr
     assert report["passed"] and report["prompt_set_version"] == parity_prompts.PROMPT_SET_VERSION
@@ -177,6 +179,7 @@ def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoin
     assert (tmp_path / "out" / "parity.md").read_text().startswith("# Accuracy parity report")
 
 
+@pytest.mark.server
 def test_hf_fp32_vs_shared_server_passes_against_its_floor(tmp_path, tiny_checkpoint, server):
     """The shared server as candidate and as floor: every bar, floor-relative ones included, passes."""
     process, report = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", server.base_url,
@@ -187,6 +190,7 @@ def test_hf_fp32_vs_shared_server_passes_against_its_floor(tmp_path, tiny_checkp
     assert all(c["passed"] for c in checks)
 
 
+@pytest.mark.server
 def test_endpoint_reference_against_itself_is_exact(tmp_path, server):
     """An OpenAI-compatible reference (the user's GPU server, say): the same server as reference and
     candidate gives identical ids and logprobs, so every difference measured elsewhere is real."""
@@ -217,6 +221,8 @@ def broken_run(tmp_path, tiny_checkpoint, server, checkpoint, *server_args):
     return report
 
 
+@pytest.mark.engine
+@pytest.mark.server
 def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
     """insert_layer_id at the vision layer count: the vit_merger is never reached (docs/design/model.md, "Vision path")."""
     checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "no-merger")
@@ -227,6 +233,8 @@ def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint
     assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
 
 
+@pytest.mark.engine
+@pytest.mark.server
 def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
     """A server whose image slicing differs (max_slice_nums 1 instead of the checkpoint's 9)."""
     report = broken_run(tmp_path, tiny_checkpoint, server, tiny_checkpoint,
@@ -237,6 +245,8 @@ def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_ch
     assert "image-1084x820" in markdown and "token ids differ from index" in markdown
 
 
+@pytest.mark.engine
+@pytest.mark.server
 def test_one_corrupted_weight_tensor_fails_the_text_subset(tmp_path, tiny_checkpoint, server):
     """Noise on one MLP weight of the text model (the kind of damage a bad conversion leaves)."""
     import torch

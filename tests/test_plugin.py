@@ -24,7 +24,7 @@ from conftest import REPO, clean_env, http_get, start_server
 
 sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
 
-import reasoning_harness  # noqa: E402
+import reasoning_harness
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
@@ -119,6 +119,7 @@ ROTARY_RUN = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.engine
 def test_ascend_rotary_config_is_an_exact_noop(tiny_checkpoint, tmp_path):
     """The M-RoPE section the plugin gives the text config on Ascend (derived from the config: the
     tiny model's head_dim 64 x 0.25 = 16 rotary dims = 8 pairs -> [3, 3, 2]) changes the rotary
@@ -151,14 +152,14 @@ def test_ascend_rotary_config_is_an_exact_noop(tiny_checkpoint, tmp_path):
     assert mrope["outputs"] == plain["outputs"]  # bitwise: every float compared exactly
 
 
-def test_reasoning_cases_are_vllm_032_minicpmv(tiny_checkpoint):
+def test_reasoning_cases_are_vllm_032_minicpmv(tiny_config):
     """plugin/tests/reasoning_cases.json holds vLLM 0.32's own `minicpmv` results; the plugin's
     `minicpmv` for vLLM 0.23 is held to the same table there."""
     from transformers import AutoTokenizer
     from vllm.reasoning import ReasoningParserManager
 
     parser = ReasoningParserManager.get_reasoning_parser("minicpmv")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_config)
     assert reasoning_harness.results(parser, tokenizer) == reasoning_harness.load_cases()
 
 
@@ -301,6 +302,7 @@ def test_ascend_check_script_against_the_server(server):
     assert lines[5 + count:] == ["result: ok"]
 
 
+@pytest.mark.slow
 def test_ascend_check_script_reports_an_unreachable_server():
     proc = run_check("--base-url", "http://127.0.0.1:9", "--timeout", "5")
     assert proc.returncode == 1

@@ -15,13 +15,14 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from conftest import REPO, clean_env
 
 sys.path.insert(0, str(REPO / "scripts"))
 
-import patch_table  # noqa: E402
+import patch_table
 
 TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
 
@@ -73,6 +74,7 @@ def test_patch_table_is_the_same_in_both_files_and_lists_every_patch():
         assert all(c == "applied" or c.startswith("not needed: ") for c in column.values()), column
 
 
+@pytest.mark.slow
 def test_patch_table_cpu_column_is_this_vllms_decisions():
     """The CPU stack's column says what the plugin's predicates decide in this venv."""
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "patch_table.py"), "--decisions"], cwd=REPO,
@@ -88,7 +90,7 @@ def test_patch_table_cpu_column_is_this_vllms_decisions():
             f"{path.name}: run `make patch-table`"
 
 
-def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_checkpoint):
+def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_config):
     """plugin/tests/reasoning_server_cases.json holds what vLLM 0.32's chat server gets from its own
     `--reasoning-parser minicpmv` (the parser object it builds, with the prompt ids); each target's
     registered `minicpmv` is held to it in plugin/tests/test_register.py."""
@@ -97,6 +99,6 @@ def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_checkpoint):
     sys.path.append(str(REPO / "plugin" / "tests"))
     import reasoning_harness
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_config)
     assert reasoning_harness.server_results("minicpmv", tokenizer) == \
         reasoning_harness.load_cases(reasoning_harness.SERVER_CASES)

@@ -27,8 +27,6 @@ PROBE_ENV = ("PORT", "SERVED_MODEL_NAME", "VLLM_API_KEY", "API_KEY_FILE", "PYTHO
 # Python start-up plus slack on a loaded 2-core machine, on top of the probe's own timeout.
 SLACK_S = 8.0
 
-pytestmark = pytest.mark.server
-
 
 def run_probe(*args: str, env: dict[str, str] | None = None,
               timeout: float = 180) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -63,6 +61,7 @@ def silent_port() -> Iterator[int]:
 # ------------------------------------------------------------------ healthy server
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("mode", MODES)
 def test_probe_passes(server: Any, mode: str) -> None:
     result, _ = run_probe(mode, "--url", server.base_url, "--model", server.model,
@@ -72,6 +71,7 @@ def test_probe_passes(server: Any, mode: str) -> None:
     assert result.stderr == ""
 
 
+@pytest.mark.server
 def test_probe_defaults_from_env(server: Any) -> None:
     """In the container the probe gets no options: PORT and SERVED_MODEL_NAME say where and what."""
     for mode in MODES:
@@ -79,11 +79,13 @@ def test_probe_defaults_from_env(server: Any) -> None:
         assert result.returncode == 0, (mode, result.stderr)
 
 
+@pytest.mark.server
 def test_probe_accepts_openai_base_url(server: Any) -> None:
     result, _ = run_probe("ready", "--url", server.base_url + "/v1/", "--model", server.model)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("mode", MODES)
 def test_json_report(server: Any, mode: str) -> None:
     result, _ = run_probe(mode, "--json", "--url", server.base_url, "--model", server.model,
@@ -101,6 +103,7 @@ def test_json_report(server: Any, mode: str) -> None:
         sum(check["latency_ms"] for check in report["checks"]), abs=0.5)
 
 
+@pytest.mark.server
 def test_smoke_report_details(server: Any) -> None:
     result, _ = run_probe("smoke", "--json", "--url", server.base_url, "--model", server.model,
                           env=client_env(server))
@@ -119,6 +122,7 @@ def test_smoke_report_details(server: Any) -> None:
     assert off["reasoning_tokens"] in (0, None) or off["reasoning_tokens"] < off["completion_tokens"]
 
 
+@pytest.mark.server
 def test_smoke_without_reasoning_parser_checks(server: Any) -> None:
     result, _ = run_probe("smoke", "--json", "--no-expect-reasoning", "--url", server.base_url,
                           "--model", server.model, env=client_env(server))
@@ -127,6 +131,7 @@ def test_smoke_without_reasoning_parser_checks(server: Any) -> None:
     assert names == ["text", "image", "image_tokens"]
 
 
+@pytest.mark.server
 def test_smoke_answer_checks_run_with_thinking_off(server: Any) -> None:
     """`.` matches any non-empty answer, even the random model's: the answer paths run and pass."""
     result, _ = run_probe("smoke", "--json", "--expect-text-answer", ".",
@@ -140,6 +145,7 @@ def test_smoke_answer_checks_run_with_thinking_off(server: Any) -> None:
     assert checks["image_answer"]["prompt_tokens"] > checks["text_answer"]["prompt_tokens"]
 
 
+@pytest.mark.server
 def test_api_key_from_env_and_file_is_never_printed(server: Any, tmp_path: Path) -> None:
     """A key the server does not require is ignored by vLLM: the probe still passes, and the key
     appears nowhere in the output, neither on success nor on failure."""
@@ -156,6 +162,7 @@ def test_api_key_from_env_and_file_is_never_printed(server: Any, tmp_path: Path)
             assert secret not in output
 
 
+@pytest.mark.server
 def test_latencies(server: Any, record_property: Any) -> None:
     """Measure each mode (median of 3): the probe's own request time and the wall time of the
     whole command (Python start-up included), which is what a container healthcheck pays."""
@@ -205,6 +212,7 @@ def test_hung_server_times_out(mode: str, silent_port: int) -> None:
     assert 2 <= elapsed < 2 + SLACK_S
 
 
+@pytest.mark.server
 def test_ready_fails_for_a_model_not_served(server: Any) -> None:
     result, _ = run_probe("ready", "--url", server.base_url, "--model", "not-this-model")
     assert result.returncode == 1
@@ -212,12 +220,14 @@ def test_ready_fails_for_a_model_not_served(server: Any) -> None:
     assert server.model in result.stderr  # names what is served, to help fix the setting
 
 
+@pytest.mark.server
 def test_smoke_fails_for_a_model_not_served(server: Any) -> None:
     result, _ = run_probe("smoke", "--url", server.base_url, "--model", "not-this-model")
     assert result.returncode == 1
     assert "text: POST /v1/chat/completions: HTTP 404" in result.stderr
 
 
+@pytest.mark.server
 def test_smoke_fails_when_the_answer_does_not_match(server: Any) -> None:
     """The random model cannot do sums: an expected answer is a failure, named as such."""
     result, _ = run_probe("smoke", "--json", "--expect-text-answer", r"^\s*5\s*$",
@@ -228,6 +238,7 @@ def test_smoke_fails_when_the_answer_does_not_match(server: Any) -> None:
     assert "does not match" in report["error"] and "does not match" in result.stderr
 
 
+@pytest.mark.server
 def test_smoke_fails_when_reasoning_is_expected_but_thinking_is_off(server: Any) -> None:
     """What a server without --reasoning-parser looks like from the probe's side, checked on a
     real response: the thinking-off answer has no `reasoning`, so the thinking-on check fails."""
@@ -241,6 +252,7 @@ def test_smoke_fails_when_reasoning_is_expected_but_thinking_is_off(server: Any)
         probes.validate_reasoning(result, on_case)
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("field, message", [
     ("id", "missing field 'id'"),
     ("usage", "missing field 'usage'"),
@@ -253,6 +265,7 @@ def test_shape_check_names_the_missing_field(server: Any, field: str, message: s
         probes.validate_completion(response, _CASE)
 
 
+@pytest.mark.server
 def test_shape_check_catches_inconsistent_usage(server: Any) -> None:
     response = _real_completion(server)
     assert probes.validate_completion(response, _CASE)["completion_tokens"] == 8
@@ -370,6 +383,7 @@ def test_probe_module_uses_only_the_standard_library() -> None:
     assert out.strip() == "[]"
 
 
+@pytest.mark.server
 def test_console_entry_point_runs(server: Any) -> None:
     """`minicpmv-probe` is minicpmv_ascend.probes:main; run that same function as a module."""
     env = {k: v for k, v in os.environ.items() if k not in PROBE_ENV}

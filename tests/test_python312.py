@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+
 from conftest import REPO, clean_env
 
 PY312 = REPO / ".venv-py312" / "bin" / "python"
@@ -31,11 +32,11 @@ def test_every_module_compiles_on_3_12():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dry_run_and_a_bad_setting_on_3_12(tiny_checkpoint):
-    ok = run312("entrypoint.py", "--dry-run", env=clean_env(MODEL_PATH=str(tiny_checkpoint)))
+def test_dry_run_and_a_bad_setting_on_3_12(tiny_config):
+    ok = run312("entrypoint.py", "--dry-run", env=clean_env(MODEL_PATH=str(tiny_config)))
     assert ok.returncode == 0, ok.stderr
     assert "vLLM is not installed here" in ok.stdout and "command:" in ok.stdout
-    bad = run312("entrypoint.py", env=clean_env(MODEL_PATH=str(tiny_checkpoint), TENSOR_PARALLEL_SIZE="3"))
+    bad = run312("entrypoint.py", env=clean_env(MODEL_PATH=str(tiny_config), TENSOR_PARALLEL_SIZE="3"))
     assert bad.returncode == 2 and "tensor_parallel_size" in bad.stderr
 
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from conftest import REPO, clean_env
-
 from minicpmv_ascend import settings
 
 README = (REPO / "README.md").read_text()
@@ -33,12 +32,12 @@ def test_feature_tables_are_the_generated_one():
             "stale: paste `python -m minicpmv_ascend.tools.features --markdown`")
 
 
-def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_checkpoint):
+def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_config):
     sample = re.search(r"```text\n\$ MAX_MODEL_LEN=300000 python entrypoint.py\n(.*?)```", README, re.S)
     assert sample, "the sample error block is missing from the README"
     result = subprocess.run(
         [sys.executable, "entrypoint.py"], cwd=REPO, capture_output=True, text=True, timeout=60,
-        env=clean_env(MODEL_PATH=str(tiny_checkpoint), MAX_MODEL_LEN="300000"),
+        env=clean_env(MODEL_PATH=str(tiny_config), MAX_MODEL_LEN="300000"),
     )
     assert result.returncode == 2
     assert result.stderr.strip() == sample.group(1).strip()

@@ -6,11 +6,12 @@ module sends them, each as one parametrised case, on two real servers:
 
 - `default`: the shared server (tests/conftest.py): prefix caching off, max_num_batched_tokens
   8192, per-request `mm_processor_kwargs` refused (vLLM's default: --trust-request-mm-kwargs off).
-- `chunked`: one more server started here (marked `engine`): ENABLE_PREFIX_CACHING=true,
-  MAX_NUM_BATCHED_TOKENS=64, so every prompt above 64 tokens is prefilled in chunks (the lengths
-  63-65 and 127-129 end just before, on and just after a chunk boundary), each prompt is sent
-  twice (the second reuses the cached prefix, and must give the same greedy answer), and
-  --trust-request-mm-kwargs, so 4x/16x and max_slice_nums are served, not refused.
+- `chunked`: the second shared server (tests/conftest.py `other_server`, asked with its API key):
+  ENABLE_PREFIX_CACHING=true, MAX_NUM_BATCHED_TOKENS=64, so every prompt above 64 tokens is
+  prefilled in chunks (the lengths 63-65 and 127-129 end just before, on and just after a chunk
+  boundary), each prompt is sent twice (the second reuses the cached prefix, and must give the
+  same greedy answer), and --trust-request-mm-kwargs, so 4x/16x and max_slice_nums are served,
+  not refused.
 
 Every case asserts its answer (status; for 200: the OpenAI shape, `n` choices, prompt token count,
 streamed usage and [DONE]; for 4xx: a word of vLLM's message). After every case the server must
@@ -30,29 +31,19 @@ from typing import Any
 
 import pytest
 
-from conftest import start_server
+from conftest import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY
 from test_bad_requests import error_message, png_url
 
 IMAGE_LIMIT = 5  # limit_mm_per_prompt image (the settings table's default)
-CHUNK = 64  # MAX_NUM_BATCHED_TOKENS of the `chunked` server
+CHUNK = OTHER_SERVER_CHUNK  # MAX_NUM_BATCHED_TOKENS of the `chunked` server
 TIMEOUT_S = 120
 ID = 100  # an ordinary token id of the tiny vocabulary (731 ids); a prompt of ids is ID, ID+1, ...
 # Prompt lengths: the smallest ones, and around one and two chunks of the `chunked` server.
 LENGTHS = (1, 2, 3, 4, 5, 16, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 1)
-SERVERS = ("default", "chunked")
 _dead: dict[str, str] = {}  # server -> the case after which it stopped answering
 
 
-@pytest.fixture(scope="module")
-def chunked_server(tiny_checkpoint, tmp_path_factory):
-    srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("chunked") / "server.log",
-                       "--trust-request-mm-kwargs", ENABLE_PREFIX_CACHING="true",
-                       MAX_NUM_BATCHED_TOKENS=str(CHUNK))
-    try:
-        print(f"\nchunked server ready in {srv.wait_ready():.1f} s on port {srv.port}")
-        yield srv
-    finally:
-        srv.stop()
+KEYS = {"default": None, "chunked": OTHER_SERVER_KEY}  # the API key each server wants
 
 
 # ------------------------------------------------------------------ what is sent
@@ -62,11 +53,11 @@ def chunked_server(tiny_checkpoint, tmp_path_factory):
 class Sweep:
     name: str
     path: str
-    body: Callable[["Ctx"], dict[str, Any]]
+    body: Callable[[Ctx], dict[str, Any]]
     status: int | Callable[[str], int] = 200  # or: server kind -> status
     says: str = ""  # a word of the error message (4xx)
     n: int = 1  # choices expected
-    prompt_tokens: int | Callable[["Ctx"], int] | None = None  # usage.prompt_tokens expected
+    prompt_tokens: int | Callable[[Ctx], int] | None = None  # usage.prompt_tokens expected
     twice: bool = False  # send again; the greedy answers must match (prefix cache on `chunked`)
     check: Callable[[dict[str, Any]], None] | None = None  # more on a 200 answer
 
@@ -244,9 +235,9 @@ SWEEPS = sweeps()
 # ------------------------------------------------------------------ sending and checking
 
 
-def post(base_url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+def post(base_url: str, path: str, body: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             return response.status, response.read()
@@ -290,9 +281,9 @@ def texts(answer: dict[str, Any]) -> list[str]:
 
 
 @functools.cache
-def chat_overhead(base_url: str, model: str) -> int:
+def chat_overhead(base_url: str, model: str, key: str | None) -> int:
     """Tokens the chat template adds to a one-message conversation (tokenized by the server)."""
-    status, body = post(base_url, "/tokenize", {"model": model, "messages": [{"role": "user", "content": "a"}]})
+    status, body = post(base_url, "/tokenize", {"model": model, "messages": [{"role": "user", "content": "a"}]}, key)
     assert status == 200, body
     return json.loads(body)["count"] - 1
 
@@ -300,13 +291,13 @@ def chat_overhead(base_url: str, model: str) -> int:
 def run_sweep(srv: Any, kind: str, sweep: Sweep) -> None:
     if kind in _dead:
         pytest.fail(f"the {kind} server stopped answering after case {_dead[kind]}")
-    ctx = Ctx(srv.model, srv.base_url, chat_overhead(srv.base_url, srv.model))
+    ctx = Ctx(srv.model, srv.base_url, chat_overhead(srv.base_url, srv.model, KEYS[kind]))
     body = sweep.body(ctx)
     expected = sweep.status(kind) if callable(sweep.status) else sweep.status
     sends = 2 if sweep.twice and kind == "chunked" else 1
     answers = []
     for _ in range(sends):
-        status, raw = post(srv.base_url, sweep.path, body)
+        status, raw = post(srv.base_url, sweep.path, body, KEYS[kind])
         if not alive(srv.base_url):
             _dead[kind] = sweep.name
             pytest.fail(f"{sweep.name}: the server stopped answering /health (HTTP {status}: {raw[:300]!r})\n"
@@ -329,15 +320,16 @@ def run_sweep(srv: Any, kind: str, sweep: Sweep) -> None:
         assert answers[0] == answers[1], answers
 
 
-def params() -> list[Any]:
-    return [pytest.param(kind, sweep, id=f"{kind}-{sweep.name}",
-                         marks=[pytest.mark.server] if kind == "default" else [pytest.mark.engine])
-            for kind in SERVERS for sweep in SWEEPS]
+@pytest.mark.server
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
+def test_sweep_default(sweep: Sweep, server):
+    run_sweep(server, "default", sweep)
 
 
-@pytest.mark.parametrize(("kind", "sweep"), params())
-def test_sweep(kind: str, sweep: Sweep, request):
-    run_sweep(request.getfixturevalue("server" if kind == "default" else "chunked_server"), kind, sweep)
+@pytest.mark.server
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
+def test_sweep_chunked(sweep: Sweep, other_server):
+    run_sweep(other_server, "chunked", sweep)
 
 
 @pytest.mark.server

@@ -1,10 +1,12 @@
 """Security, tried for real: the API key on every route, server-side media fetching (SSRF) and
 the container's privileges.
 
-- `guarded`: this module's own vLLM server with the media defaults (fetching image URLs off), the
-  API key from a file (as a mounted Kubernetes/Docker secret) and one allowed local media
-  directory. The API-key proofs (route by route from its live /openapi.json and route list, and
-  path tricks over raw HTTP) and "off by default" run against it.
+- `guarded`: the second shared server (tests/conftest.py `other_server`), with the media URL
+  defaults (fetching image URLs off), the API key from a file (as a mounted Kubernetes/Docker
+  secret) and one allowed local media directory (its other settings, prefix caching, 64-token
+  chunks and trusted processor options, are the request sweep's and the parity run's). The API-key
+  proofs (route by route from its live /openapi.json and route list, and path tricks over raw
+  HTTP) and "off by default" run against it.
 - the shared `server` (tests/conftest.py) runs `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`: image
   URLs from public addresses, and one loopback host listed explicitly (the image-URL examples): the
   public-only refusals run against it, for real; the public decision itself is tested on addresses
@@ -35,8 +37,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, clean_env, start_server
+
+from conftest import OTHER_SERVER_KEY, REPO, clean_env
 from helpers_launcher import launcher_env, run_entrypoint
+from minicpmv_ascend import access, settings
 from test_deploy_support import (
     JOB_TEMPLATES,
     OVERLAYS,
@@ -47,9 +51,7 @@ from test_deploy_support import (
     server_container,
 )
 
-from minicpmv_ascend import access, settings
-
-SECRET = "sk-security-7c1e-never-in-argv-or-logs"
+SECRET = OTHER_SERVER_KEY
 PROBE = REPO / "healthcheck" / "probe.py"
 
 
@@ -87,7 +89,7 @@ class ImageHost:
         host = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 host.requests.append(self.path)
                 if redirect_to:
                     self.send_response(302)
@@ -129,28 +131,18 @@ def image_host() -> Iterator[ImageHost]:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> pathlib.Path:
-    """The guarded server's key file, its media directory and a picture outside of it."""
-    tmp = tmp_path_factory.mktemp("security")
-    (tmp / "api-key").write_text(f"{SECRET}\n")
-    (tmp / "media").mkdir()
-    (tmp / "media" / "red.png").write_bytes(png((200, 40, 40)))
-    (tmp / "outside").mkdir()
-    (tmp / "outside" / "blue.png").write_bytes(png((40, 40, 200)))
-    return tmp
+def files(other_server_files) -> pathlib.Path:
+    """The guarded server's key file and media directory, a picture in it and one outside of it."""
+    (other_server_files / "media" / "red.png").write_bytes(png((200, 40, 40)))
+    (other_server_files / "outside").mkdir(exist_ok=True)
+    (other_server_files / "outside" / "blue.png").write_bytes(png((40, 40, 200)))
+    return other_server_files
 
 
-@pytest.fixture(scope="module")
-def guarded(tiny_checkpoint, files):
-    """Media settings at their defaults except one local directory; the key from a file."""
-    srv = start_server(tiny_checkpoint, files / "server.log", API_KEY_FILE=str(files / "api-key"),
-                       ALLOWED_LOCAL_MEDIA_PATH=str(files / "media"))
-    try:
-        # /v1/models needs the key here: without it the server answers 401 however ready it is.
-        print(f"\nguarded server ready in {srv.wait_ready(api_key=SECRET):.1f} s")
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def guarded(other_server):
+    """Media URL settings at their defaults, one local directory, the key from a file."""
+    return other_server
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +150,7 @@ def guarded(tiny_checkpoint, files):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_requests_without_the_key_get_401(guarded) -> None:
     chat = {"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
     for key in (None, "sk-wrong"):
@@ -169,7 +161,7 @@ def test_requests_without_the_key_get_401(guarded) -> None:
     assert request(guarded.base_url, "/health")[0] == 200
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
     env = clean_env(PORT=str(guarded.port), SERVED_MODEL_NAME=guarded.model)
     for with_key in ({}, {"API_KEY_FILE": str(files / "api-key")}):  # liveness needs no key
@@ -186,6 +178,7 @@ def test_probes_send_the_key_from_the_secret_file(guarded, files) -> None:
         assert SECRET not in ok.stdout + ok.stderr + without.stdout + without.stderr
 
 
+@pytest.mark.server
 def test_ascend_check_sends_the_key_from_the_secret_file(guarded, files) -> None:
     """scripts/ascend_check.py reads the key as the server does (API_KEY_FILE here): its requests
     (the probe's smoke, then the one-token completion) pass; without the key they get 401."""
@@ -262,7 +255,7 @@ def kind_of(method: str, path: str) -> str | None:
     return "key" if method in NEEDS_KEY.get(path, ()) else None
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_every_route_needs_the_key_except_the_public_ones(guarded) -> None:
     """Route by route from the live server: without a key, with a wrong key, with the key."""
     routes = served_routes(guarded)
@@ -292,7 +285,7 @@ def test_every_route_needs_the_key_except_the_public_ones(guarded) -> None:
     assert {"POST /scale_elastic_ep", "GET /load", "GET /kv_event_sources"} <= set(table["admin"])
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_invocations_runs_a_chat_only_with_the_key(guarded) -> None:
     """The reported hole, end to end: SageMaker's /invocations with a real chat body."""
     chat = json.dumps({"model": guarded.model, "max_tokens": 2,
@@ -320,7 +313,7 @@ PATH_TRICKS = [
 ]
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_path_tricks_methods_and_preflights_need_the_key(guarded) -> None:
     chat = json.dumps({"model": guarded.model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
     outcomes = {}
@@ -329,7 +322,7 @@ def test_path_tricks_methods_and_preflights_need_the_key(guarded) -> None:
         outcomes[f"{method} {target}"] = status
         assert status == 401 and b"choices" not in body, (method, target, status, body[:200])
     # HEAD and OPTIONS (not a CORS preflight) of every protected route: 401 as well.
-    for path, methods in NEEDS_KEY.items():
+    for path in NEEDS_KEY:
         target = path.replace("{response_id}", "x")
         for method in ("HEAD", "OPTIONS", "PUT", "DELETE"):
             assert raw_request(guarded, method, target)[0] == 401, (method, path)
@@ -357,7 +350,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_the_key_is_in_no_command_line_and_no_log(guarded) -> None:
     request(guarded.base_url, "/v1/models", key="sk-wrong")  # a rejected request is logged too
     processes = descendants(guarded.process.pid)
@@ -371,15 +364,16 @@ def test_the_key_is_in_no_command_line_and_no_log(guarded) -> None:
     assert "api_key_file" in log and SECRET not in log
 
 
-def test_dry_run_and_errors_never_show_the_key(tiny_checkpoint, tmp_path) -> None:
+@pytest.mark.slow
+def test_dry_run_and_errors_never_show_the_key(tiny_config, tmp_path) -> None:
     (tmp_path / "api-key").write_text(SECRET)
-    env = launcher_env(MODEL_PATH=str(tiny_checkpoint), API_KEY_FILE=str(tmp_path / "api-key"))
+    env = launcher_env(MODEL_PATH=str(tiny_config), API_KEY_FILE=str(tmp_path / "api-key"))
     dry, _ = run_entrypoint("--dry-run", env=env, timeout=240)
     assert dry.returncode == 0, dry.stderr
     assert "VLLM_API_KEY=<redacted>" in dry.stdout and SECRET not in dry.stdout + dry.stderr
     # A key given on the command line, twice, is refused without echoing it.
     bad, _ = run_entrypoint("--api-key", SECRET, "--api-key", SECRET + "2", env=launcher_env(
-        MODEL_PATH=str(tiny_checkpoint)), timeout=60)
+        MODEL_PATH=str(tiny_config)), timeout=60)
     assert bad.returncode == 2 and "configuration error in `api_key`" in bad.stderr
     assert SECRET not in bad.stdout + bad.stderr
 
@@ -389,7 +383,7 @@ def test_dry_run_and_errors_never_show_the_key(tiny_checkpoint, tmp_path) -> Non
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.engine
+@pytest.mark.server
 def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host) -> None:
     for url in (f"http://127.0.0.1:{image_host.port}/x.png", f"http://localhost:{image_host.port}/x.png"):
         status, body = image_chat(guarded, url, SECRET)
@@ -402,7 +396,6 @@ def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host)
 
 
 @pytest.mark.server
-@pytest.mark.engine
 def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> None:
     inside, outside = files / "media" / "red.png", files / "outside" / "blue.png"
     assert image_chat(guarded, inside.as_uri(), SECRET)[0] == 200
@@ -555,8 +548,7 @@ def test_grace_periods_outlast_the_shutdown_timeout(renderings) -> None:
     for service, spec in compose["services"].items():
         if "env_file" not in spec:  # the fleet's balancer: no vLLM to drain
             continue
-        env_file = re.sub(r"\$\{ASCEND_TARGET:-(\w+)\}", r"\1", spec["env_file"][0])
-        drain = shutdown_timeout_of(env_mapping(REPO / env_file))
+        drain = shutdown_timeout_of(env_mapping(REPO / spec["env_file"][0]))
         assert duration_s(spec["stop_grace_period"]) > drain, service
     for overlay in OVERLAYS:
         docs = renderings[overlay]
@@ -567,13 +559,15 @@ def test_grace_periods_outlast_the_shutdown_timeout(renderings) -> None:
         assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain, overlay
 
 
-def test_the_deployed_drain_reaches_vllm(tiny_checkpoint) -> None:
-    """SHUTDOWN_TIMEOUT of the env files becomes vLLM's --shutdown-timeout."""
-    for name in ("ascend-a2.env", "cpu.env"):
-        env = env_mapping(REPO / "env" / name) | {"MODEL_PATH": str(tiny_checkpoint)}
-        env = {k: v for k, v in env.items() if v}
-        plan = settings.build_plan(settings.resolve([], env), env, "cpu" if name == "cpu.env" else "ascend")
-        assert plan.vllm_args[plan.vllm_args.index("--shutdown-timeout") + 1] == env["SHUTDOWN_TIMEOUT"]
+def test_the_deployed_drain_reaches_vllm(tiny_config) -> None:
+    """The shutdown timeout the env files give (the default: they do not set it) becomes vLLM's
+    --shutdown-timeout."""
+    for name in ("ascend.env", "cpu.env"):
+        env = env_mapping(REPO / "env" / name) | {"MODEL_PATH": str(tiny_config)}
+        resolution = settings.resolve([], env)
+        plan = settings.build_plan(resolution, env, "cpu" if name == "cpu.env" else "ascend")
+        drain = plan.vllm_args[plan.vllm_args.index("--shutdown-timeout") + 1]
+        assert drain == str(resolution["shutdown_timeout"]) != "0", name
 
 
 def test_the_documented_nfs_patch_keeps_the_download_job_unprivileged(tmp_path) -> None:

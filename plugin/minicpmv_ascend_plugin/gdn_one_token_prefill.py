@@ -98,7 +98,7 @@ def probe() -> BaseException | None:
     """What vLLM's own `causal_conv1d_fwd_cpu` does with a one-token prefill (None: it works)."""
     import vllm._custom_ops as ops
 
-    op = getattr(ops, "causal_conv1d_fwd_cpu")
+    op = ops.causal_conv1d_fwd_cpu
     op = getattr(op, "_minicpmv_ascend_plugin_wraps", op)  # vLLM's, not ours
     try:
         op(**probe_input())

@@ -111,10 +111,9 @@ class VllmCode:
         self.target = current_target()
         # The plugin must not be loaded behind the tests' back: they apply patches themselves.
         os.environ["VLLM_PLUGINS"] = ""
+        import vllm.model_executor.models.minicpmv4_6 as module
         from vllm.config import ModelConfig
         from vllm.multimodal import MULTIMODAL_REGISTRY
-
-        import vllm.model_executor.models.minicpmv4_6 as module
 
         self.module = module
         self.classes = (module.MiniCPMV4_6ProcessingInfo, module.MiniCPMV4_6MultiModalProcessor,

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _target import REPO, Target, VllmCode, current_target  # noqa: E402
+from _target import REPO, Target, VllmCode, current_target
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

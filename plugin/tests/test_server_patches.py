@@ -274,7 +274,7 @@ def test_public_media_urls_on_the_targets_connector(target):
     Image.new("RGB", (32, 24), (200, 40, 40)).save(png, "PNG")
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             requests.append(self.path)
             if self.path.startswith("/hop"):
                 self.send_response(302)
@@ -405,9 +405,9 @@ def test_server_patches_wrap_every_place_of_this_layout(target):
     entrypoints/chat_utils.py on 0.23 and 0.30, renderers/ on 0.32): a patch that missed one would
     silently not apply there. Every holder found in this vLLM's source is wrapped where the target
     needs the patch, and nothing where it does not."""
-    from minicpmv_ascend_plugin import content_part_400, engine_death_exit, responses_assistant_content
-
     import vllm.entrypoints.cli.serve as cli_serve
+
+    from minicpmv_ascend_plugin import content_part_400, engine_death_exit, responses_assistant_content
     from minicpmv_ascend_plugin._base import API_SERVER_LAUNCHERS, module_name, source_of
 
     launcher = source_of(*API_SERVER_LAUNCHERS)

@@ -7,6 +7,7 @@ tests/test_tool_parsing.py)."""
 from __future__ import annotations
 
 import pytest
+
 import tool_parsing_harness as harness
 
 

@@ -27,7 +27,6 @@ from minicpmv_ascend.settings.platform import (
 )
 from minicpmv_ascend.settings.table import REDACTED, SETTINGS, SETTINGS_BY_NAME, ConfigError, Setting, error, fix_where
 
-
 # vLLM has no switch that turns media URL fetching off: an empty --allowed-media-domains means
 # *every* host. So "off" is an allow-list holding only this entry, which can never equal a URL's
 # host (spaces and parentheses are not allowed in one). vLLM quotes it in its 400 answer, so it

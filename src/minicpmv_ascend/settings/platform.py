@@ -16,7 +16,6 @@ from typing import Literal
 from minicpmv_ascend import vllm_source
 from minicpmv_ascend.settings.table import DEFAULT_CACHE_DIR, EMBEDDED_CHECKPOINT_NAME
 
-
 Platform = Literal["ascend", "cpu", "cuda"]
 
 

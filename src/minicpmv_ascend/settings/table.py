@@ -30,7 +30,6 @@ from minicpmv_ascend.settings.types import (
     ToolStrictLevel,
 )
 
-
 CONFIG_FILE_ENV = "CONFIG_FILE"
 EXIT_CONFIG_ERROR = 2
 REDACTED = "<redacted>"

@@ -20,7 +20,7 @@ from minicpmv_ascend import media_urls
 def _reject_bool(value: Any) -> Any:
     # pydantic's lax mode turns YAML `true` into 1; for a count that is always a mistake.
     if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")  # noqa: TRY004 - pydantic reports only ValueError
+        raise ValueError("expected a number, got a boolean")  # not TypeError: pydantic reports only ValueError
     return value
 
 

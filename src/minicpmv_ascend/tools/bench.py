@@ -40,9 +40,9 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend.tools import bench_report, lifecycle, roofline
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
+from minicpmv_ascend.tools import bench_report, lifecycle, roofline
 
 EXIT_USAGE = 2
 PERCENTILES = "50,99"
@@ -664,7 +664,7 @@ def run_ab(args: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:
         if cache and args.fresh_cache and pathlib.Path(cache).is_relative_to(out):
             shutil.rmtree(cache, ignore_errors=True)
     starts = []
-    for i in range(args.pairs):
+    for _ in range(args.pairs):
         for profile in (a, b):
             starts.append(start_and_measure(profile, checkpoint, args.served_model_name, cells, out, len(starts), args))
     pairs = [{"pair": i, **pair_ratios(starts[2 * i], starts[2 * i + 1])} for i in range(args.pairs)]

@@ -303,4 +303,4 @@ def cpu_window(before: CpuSnapshot, after: CpuSnapshot, server_pids: Sequence[in
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")

@@ -32,13 +32,14 @@ import pathlib
 import sys
 import time
 import urllib.parse
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from minicpmv_ascend.tools import parity_prompts
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
-from minicpmv_ascend.tools.parity_prompts import Prompt, PromptError
 from minicpmv_ascend.probes import png_data_url
+from minicpmv_ascend.tools import parity_prompts
+from minicpmv_ascend.tools.parity_prompts import Prompt, PromptError
 
 REPORT_VERSION = "1"
 TOP_K = 5

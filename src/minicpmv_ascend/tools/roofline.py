@@ -164,7 +164,7 @@ def measure_hardware(threads: int = 2, buffer_mib: int = 1024, repeats: int = 5)
         start = time.perf_counter()
         dst.copy_(buf)
         copy = max(copy, 2 * buf.nbytes / (time.perf_counter() - start) / 1e9)
-    del buf, dst
+    buf = dst = None  # free the buffers before the matmul (not `del`: read_gbs still names buf)
 
     n = 4096
     a = torch.randn(n, n).to(torch.bfloat16)

@@ -1,0 +1,174 @@
+"""The Makefile on a stock machine: the Python it picks (or the message when there is none) and the
+pip command lines it builds for the locks' CPU torch, read with `make -n` (nothing is installed).
+
+What cannot run here: PyTorch's CPU wheel index is unreachable from this machine, so the torch
+step falls back to the local wheel (PIP_FIND_LINKS) after pip's retries; the index itself is
+exercised only where it can be reached.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from conftest import REPO
+from test_deploy_images import DOCKERFILES, build_args
+from test_deploy_support import dockerfile_instructions
+
+MAKE = shutil.which("make") or "/usr/bin/make"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_PIN = "\"$(grep -m1 '^torch==' requirements/cpu.lock)\""
+
+
+def make_n(*args: str, path: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    """`make -n -B ARGS` in the checkout: the commands make would run, all of them, none run."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "TORCH_INDEX_URL", "MAKEFLAGS")}
+    environ.update(env)
+    if path is not None:
+        environ["PATH"] = path
+    return subprocess.run([MAKE, "-n", "-B", *args], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=60)
+
+
+def pip_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "pip install" in line]
+
+
+def fake_bin(tmp_path: pathlib.Path, **pythons: str) -> str:
+    """A PATH of the shell tools make needs plus only the given python commands (name -> target)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("bash", "sh", "grep", "test", "echo", "rm", "touch", "env"):
+        if found := shutil.which(tool):
+            (bin_dir / tool).symlink_to(found)
+    for name, target in pythons.items():
+        if target.startswith("#!"):
+            (bin_dir / name).write_text(target)
+            (bin_dir / name).chmod(0o755)
+        else:
+            (bin_dir / name).symlink_to(target)
+    return str(bin_dir)
+
+
+def pyenv_python(version: str) -> str:
+    found = sorted(pathlib.Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))
+    if not found:
+        pytest.skip(f"no Python {version} here (pyenv)")
+    return str(found[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# torch from PyTorch's CPU wheel index, everything else from the default index
+# --------------------------------------------------------------------------------------------
+
+
+def test_torch_comes_from_the_cpu_index_and_only_torch() -> None:
+    result = make_n("venv")
+    assert result.returncode == 0, result.stderr
+    torch_step, lock_step = pip_lines(result.stdout)[:2]
+    assert torch_step.endswith(f"--no-deps --extra-index-url {CPU_INDEX} {TORCH_PIN}"), torch_step
+    # The whole lock without the extra index: asked for ~160 packages, an unreachable index costs
+    # pip's retries for each one (measured ~8 s per package here), torch alone ~9 s.
+    assert lock_step.endswith("--no-deps -r requirements/cpu.lock") and "index" not in lock_step, lock_step
+    pin = re.search(r"^torch==\S+$", (REPO / "requirements" / "cpu.lock").read_text(), re.M)
+    assert pin and pin[0].endswith("+cpu"), "the grep finds the lock's torch pin, a CPU build"
+
+
+def test_the_index_is_overridable_or_off() -> None:
+    mirror = make_n("venv", TORCH_INDEX_URL="https://mirror.example/whl/cpu")
+    assert "--extra-index-url https://mirror.example/whl/cpu " in pip_lines(mirror.stdout)[0]
+    off = make_n("venv", "TORCH_INDEX_URL=")
+    assert "extra-index-url" not in off.stdout and f"--no-deps {TORCH_PIN}" in pip_lines(off.stdout)[0]
+
+
+def test_every_venv_built_from_a_lock_with_cpu_torch_takes_torch_from_the_index() -> None:
+    targets = re.search(r"^PLUGIN_TARGETS := (.+)$", (REPO / "Makefile").read_text(), re.M)[1].split()
+    assert targets, "no plugin target venvs in the Makefile"
+    for target, lock in [(f"venv-{t}", f"requirements/{t}.lock") for t in targets] + [("lock", "requirements/cpu.in")]:
+        assert "torch==2.13.0+cpu" in (REPO / lock).read_text(), lock
+        steps = pip_lines(make_n(target).stdout)
+        assert f"--extra-index-url {CPU_INDEX} \"$(grep -m1 '^torch==' {lock})\"" in steps[0], (target, steps)
+
+
+def test_one_index_variable_for_make_the_cpu_image_and_compose() -> None:
+    """The same variable name and default in the three places that install the CPU lock."""
+    makefile = re.search(r"^TORCH_INDEX_URL \?= (\S+)$", (REPO / "Makefile").read_text(), re.M)[1]
+    dockerfile = build_args(dockerfile_instructions(DOCKERFILES["cpu"]))["TORCH_INDEX_URL"]
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]["minicpmv-cpu"]["build"]["args"]
+    assert makefile == dockerfile == CPU_INDEX
+    assert compose["TORCH_INDEX_URL"] == f"${{TORCH_INDEX_URL:-{CPU_INDEX}}}"
+
+
+# --------------------------------------------------------------------------------------------
+# The developers' loop
+# --------------------------------------------------------------------------------------------
+
+
+def test_help_names_the_quick_start_and_the_fast_loop() -> None:
+    result = subprocess.run([MAKE, "help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands = re.findall(r"make (\w+)", result.stdout)
+    assert commands[:3] == ["serve", "test", "check"], result.stdout
+
+
+def test_check_is_ruff_and_the_tests_with_no_tier_marker() -> None:
+    """`make check` runs the lint gate and pytest deselecting every marker tests/tiers.py enforces."""
+    import tiers
+
+    steps = make_n("check").stdout.splitlines()
+    pytest_step = next(line for line in steps if "-m pytest" in line)
+    unit_tier = re.search(r'-m "([^"]+)"', pytest_step)[1]
+    assert unit_tier == " and ".join(f"not {marker}" for marker in tiers.MARKERS), pytest_step
+    assert "plugin/tests" not in pytest_step
+    assert any("ruff check" in line for line in steps), steps
+
+
+# --------------------------------------------------------------------------------------------
+# The Python that builds the venvs
+# --------------------------------------------------------------------------------------------
+
+
+def test_python_311_is_preferred_then_312(tmp_path) -> None:
+    both = fake_bin(tmp_path, **{"python3.11": pyenv_python("3.11"), "python3.12": pyenv_python("3.12")})
+    assert "\npython3.11 -m venv .venv\n" in make_n("venv", path=both).stdout
+    only_312 = fake_bin(tmp_path / "312", **{"python3.12": pyenv_python("3.12")})
+    assert "\npython3.12 -m venv .venv\n" in make_n("venv", path=only_312).stdout
+
+
+def test_python3_is_taken_when_it_is_312_like_ubuntu_2404(tmp_path) -> None:
+    path = fake_bin(tmp_path, python3=pyenv_python("3.12"))
+    assert "\npython3 -m venv .venv\n" in make_n("venv", path=path).stdout
+
+
+def test_a_pyenv_shim_of_a_missing_version_is_skipped(tmp_path) -> None:
+    """pyenv puts python3.11/python3.12 shims on PATH even when that version is not installed."""
+    shim = "#!/bin/sh\necho \"pyenv: python3.11: command not found\" >&2\nexit 127\n"
+    path = fake_bin(tmp_path, **{"python3.11": shim, "python3.12": pyenv_python("3.12")})
+    assert "\npython3.12 -m venv .venv\n" in make_n("venv", path=path).stdout
+
+
+@pytest.mark.parametrize("given", [None, "python3"])
+def test_without_311_or_312_it_stops_and_says_how_to_get_one(tmp_path, given) -> None:
+    """Debian 13: python3 is 3.13. The venv is not attempted; the message names the way out."""
+    path = fake_bin(tmp_path, python3=pyenv_python("3.13"))
+    args = ["venv"] + ([f"PYTHON={given}"] if given else [])
+    # The real recipe (not -n), in a copy of what it reads: its first line stops make before a venv.
+    work = tmp_path / "checkout"
+    work.mkdir()
+    shutil.copy(REPO / "Makefile", work / "Makefile")
+    for name in ("requirements/cpu.lock", "pyproject.toml", "scripts/torchvision_cpu_shim.py"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, work / name)
+    result = subprocess.run([MAKE, *args], cwd=work, env={"PATH": path, "HOME": str(tmp_path)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "needs Python 3.11 or 3.12" in result.stderr
+    assert ("PYTHON=python3 is not one" if given else "found none of python3.11, python3.12") in result.stderr
+    assert "uv python install 3.12" in result.stderr and "python3.12-venv" in result.stderr
+    assert not (work / ".venv").exists()

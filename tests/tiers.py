@@ -1,0 +1,198 @@
+"""The test tiers, enforced: a pytest plugin (registered by tests/conftest.py) that holds every
+test to the markers pyproject.toml registers, so that the unit tier (`make check`: none of them)
+starts no vLLM and loads no torch outside the pytest process, whatever a test's author remembered.
+
+- `server`: uses a shared vLLM server (the `server` or `other_server` fixture of tests/conftest.py).
+- `engine`: starts vLLM itself: a server, an engine core or an offline `vllm.LLM`.
+- `slow`: needs torch but no vLLM server or engine: the torch-generated random-weight checkpoint
+  (`tiny_checkpoint`), or a process of its own that loads torch (vLLM's argument parser, its app
+  or protocol code, a dry run of the launcher: ~10 s each). Tests that only read the checkpoint's
+  config, tokenizer or file layout use `tiny_config` instead.
+
+At collection, a test that uses a shared server's fixture (directly or through another fixture)
+must be marked `server`, and a test marked `server` must use one; a test that uses `tiny_checkpoint` must
+carry one of the three markers. At run time, below this pytest process: a vLLM server or engine
+that appears during a test not marked `engine` (its setup, call or teardown; whatever started it:
+tests/conftest.py's start_server, entrypoint.py in a subprocess, the bench's A/B, an offline LLM
+in a script) fails the test and is killed; only the shared servers may start under `server`. A
+process that loads torch during a test with none of the markers fails it too. At the end of the
+run, the vLLM servers and engines it started are listed by test: what the run costs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import psutil
+import pytest
+
+MARKERS = ("server", "engine", "slow")
+SHARED_SERVERS = {"server", "other_server"}  # the fixtures of tests/conftest.py
+POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
+TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
+
+_allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
+_started: list[tuple[str, str]] = []  # (test id, what started) for the summary
+
+
+def allow_shared_server(pid: int) -> None:
+    """A shared server's process (a session leader): what runs in its session is allowed."""
+    _allowed_sessions.add(pid)
+
+
+def vllm_process(proc: psutil.Process) -> str | None:
+    """What kind of vLLM process this is, or None: the API server (`vllm_cli serve`, `vllm
+    serve`) or a process vLLM titles itself (VLLM::EngineCore, VLLM::Worker ...)."""
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        return None
+    if argv and argv[0].startswith("VLLM::"):
+        return argv[0].split()[0]
+    for i, arg in enumerate(argv[:-1]):
+        if (arg == "minicpmv_ascend.vllm_cli" or os.path.basename(arg) == "vllm") and argv[i + 1] == "serve":
+            return "vllm serve"
+    return None
+
+
+def loads_torch(proc: psutil.Process) -> bool:
+    try:
+        with open(f"/proc/{proc.pid}/maps") as maps:
+            return any(TORCH_LIBRARY in line for line in maps)
+    except OSError:
+        return False
+
+
+class Watch:
+    """New vLLM processes, and processes that load torch, below this pytest process while one
+    test runs (setup to teardown)."""
+
+    def __init__(self, item: pytest.Item) -> None:
+        self.item = item
+        marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
+        self.may_start_vllm = "engine" in marked
+        self.may_load_torch = bool(marked)
+        self.me = psutil.Process()
+        self.before = {p.pid for p in self.me.children(recursive=True)}
+        self.seen: set[int] = set()
+        self.violations: list[str] = []
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(POLL_S):
+            self.scan()
+
+    def scan(self) -> None:
+        with self.lock:
+            try:
+                children = self.me.children(recursive=True)
+            except psutil.Error:
+                return
+            for proc in children:
+                if proc.pid in self.before or proc.pid in self.seen:
+                    continue
+                # A process that is neither (yet) is looked at again next time: a launcher may
+                # exec vLLM, a script import torch, after a while.
+                kind = vllm_process(proc)
+                if kind is not None:
+                    self.seen.add(proc.pid)
+                    _started.append((self.item.nodeid, kind))
+                    try:
+                        shared = os.getsid(proc.pid) in _allowed_sessions
+                    except OSError:
+                        shared = False
+                    if not (self.may_start_vllm or shared):
+                        self._violation(proc, f"vLLM started ({kind}): mark it `engine`, or use the shared "
+                                              "`server` fixture if it only sends requests")
+                elif not self.may_load_torch and loads_torch(proc):
+                    self.seen.add(proc.pid)
+                    self._violation(proc, "a process that loads torch started: mark it `slow` (or "
+                                          "`server`/`engine` if that is what it needs)")
+
+    def _violation(self, proc: psutil.Process, what: str) -> None:
+        try:
+            command = " ".join(proc.cmdline())[:200]
+        except psutil.Error:
+            command = "?"
+        self.violations.append(f"{what} (pid {proc.pid}, killed: {command})")
+        kill_tree(proc)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.scan()
+
+
+def kill_tree(proc: psutil.Process) -> None:
+    try:
+        procs = [*proc.children(recursive=True), proc]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = []
+    for item in items:
+        marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
+        fixtures = set(getattr(item, "fixturenames", ()))
+        shared = sorted(SHARED_SERVERS & fixtures)
+        if shared and "server" not in marked:
+            problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
+        elif "server" in marked and not shared:
+            problems.append(f"{item.nodeid}: marked `server` but uses no shared server fixture ({', '.join(sorted(SHARED_SERVERS))})")
+        if "tiny_checkpoint" in fixtures and not marked:
+            problems.append(f"{item.nodeid}: uses `tiny_checkpoint` (torch-generated weights) unmarked: use "
+                            "`tiny_config` if its config, tokenizer or files are enough, else mark it `slow`")
+    if problems:
+        raise pytest.UsageError("test markers that do not tell the truth (tests/tiers.py):\n  "
+                                + "\n  ".join(problems))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    item.stash[WATCH] = Watch(item)
+    try:
+        yield
+    finally:
+        item.stash[WATCH].stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    watch = item.stash.get(WATCH, None)
+    if watch is None:
+        return
+    watch.scan()
+    with watch.lock:
+        violations, watch.violations = watch.violations, []
+    if violations:
+        report = outcome.get_result()
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}, during its {call.when}: " + "; ".join(violations)
+                           + " (the markers: tests/tiers.py)")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    servers = sum(kind == "vllm serve" for _, kind in _started)
+    engines = sum(kind.startswith("VLLM::EngineCore") for _, kind in _started)
+    terminalreporter.section("vLLM started by this run")
+    terminalreporter.write_line(f"{servers} API servers, {engines} engine cores" + (", by test:" if _started else ""))
+    by_test: dict[str, list[str]] = {}
+    for nodeid, kind in _started:
+        by_test.setdefault(nodeid, []).append(kind)
+    for nodeid, kinds in by_test.items():
+        counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+        terminalreporter.write_line(f"  {nodeid}: " + ", ".join(f"{n} x {k}" for k, n in counts.items()))
+
+
+WATCH = pytest.StashKey[Watch]()
