@@ -276,14 +276,12 @@ def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path
             body = chat_body(srv.model, index, tokens, ignore_eos=True)
             return in_background(post_chat, srv.base_url, body, IN_FLIGHT_CLIENT_TIMEOUT_S)
 
-        # The long ones first: a short one lasts ~1 s here, and started first it could finish before
-        # the long ones were scheduled (4 never running at once: seen under load).
+        short = [start_in_flight(i, SHORT_TOKENS) for i in (0, 1)]
         long = [start_in_flight(2, LONG_TOKENS)]
         streamed = in_background(post_stream, srv.base_url, chat_body(srv.model, 4, LONG_TOKENS, ignore_eos=True),
                                  IN_FLIGHT_CLIENT_TIMEOUT_S)  # the other long one streams
-        wait_until(lambda: running_requests(srv.base_url) >= 2, 60, "the 2 long requests running")
-        short = [start_in_flight(i, SHORT_TOKENS) for i in (0, 1)]
-        wait_until(lambda: running_requests(srv.base_url) >= 4, 60, "4 requests running")
+        # A short request runs ~1 s: look often, or the moment all 4 run can pass unseen.
+        wait_until(lambda: running_requests(srv.base_url) >= 4, 60, "4 requests running", interval=0.05)
         sigterm_at = time.monotonic()
         srv.process.send_signal(signal.SIGTERM)
 
