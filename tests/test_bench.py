@@ -78,6 +78,120 @@ def test_endpoint_matrix_image_table_and_rooflines(server, tmp_path):
     assert_pngs(out, "throughput_vs_concurrency.png", "latency_percentiles.png", "image_ttft_vs_slices.png")
 
 
+@pytest.mark.server
+def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, tmp_path):
+    """The host-side cells (issue 16): one image of two sizes and a text cell, each streamed and
+    unstreamed (vLLM's client can only stream; bench_client sends stream: false). The server under
+    test is found by its port, so its CPU time is not counted as contention."""
+    out = tmp_path / "bench"
+    result = run_bench("endpoint", "--base-url", server.base_url, "--out", str(out), *SMALL, "--concurrency", "2",
+                       "--mixes", "text,image", "--image-size", "448x448,1344x1008", "--stream", "on,off",
+                       "--no-roofline", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["server_pids"] == [server.process.pid]
+    cells = {c["name"]: c for c in report["cells"]}
+    assert list(cells) == ["text c=2", "text no-stream c=2",
+                           "image 1x448x448 default-mode slices=default c=2",
+                           "image 1x448x448 default-mode slices=default no-stream c=2",
+                           "image 1x1344x1008 default-mode slices=default c=2",
+                           "image 1x1344x1008 default-mode slices=default no-stream c=2"]
+    for name, cell in cells.items():
+        assert_cell_sane(cell, 2)
+        m = cell["metrics"]
+        assert cell["cpu"]["server_processes"] >= 2 and cell["cpu"]["server_cores"] > 0, cell["cpu"]  # API + engine
+        if "no-stream" in name:
+            assert "minicpmv_ascend.tools.bench_client bench serve" in cell["command"]
+            assert '"stream": false' in cell["command"]
+            assert m["p50_ttft_ms"] == pytest.approx(m["p50_e2el_ms"], rel=1e-6)  # the answer came whole
+        else:
+            assert "minicpmv_ascend.vllm_cli bench serve" in cell["command"]
+            assert m["p50_ttft_ms"] < m["p50_e2el_ms"]
+    small = cells["image 1x448x448 default-mode slices=default no-stream c=2"]["metrics"]["tokens_per_image"]
+    large = cells["image 1x1344x1008 default-mode slices=default no-stream c=2"]["metrics"]["tokens_per_image"]
+    assert large > 2 * small > 0  # the large image is sliced
+    assert "other cores" in (out / "bench.md").read_text()
+
+
+def test_matrix_expresses_the_issue_16_cells():
+    """Item 2's host-side cells (sizes, modes, several images, streaming vs not) and item 1's A/B
+    matrix are each one command line; the cells carry what vLLM's client needs."""
+    from minicpmv_ascend.tools import bench
+
+    args = bench.parser().parse_args([
+        "endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--concurrency", "1,16",
+        "--mixes", "text,image,images", "--multi-images", "4", "--image-size", "448x448,1344x1008",
+        "--image-modes", "16x,4x", "--stream", "on,off"])
+    cells = {c.name: c for c in bench.build_cells(args)}
+    assert len(cells) == 2 * 2 + 2 * (2 * 2 * 2 * 2)  # text: stream x c; image mixes: size x mode x stream x c
+    cell = cells["images 4x1344x1008 4x slices=default no-stream c=16"]
+    argv = cell.bench_args("http://127.0.0.1:9", "m", "tok", pathlib.Path("raw"), warmups=1)
+    assert cell.client_module == "minicpmv_ascend.tools.bench_client"
+    assert json.loads(argv[argv.index("--extra-body") + 1]) == {"stream": False,
+                                                                 "mm_processor_kwargs": {"downsample_mode": "4x"}}
+    assert argv[argv.index("--random-mm-bucket-config") + 1] == "{(1008, 1344, 1): 1.0}"
+    assert argv[argv.index("--random-mm-base-items-per-request") + 1] == "4"
+    assert argv[argv.index("--max-concurrency") + 1] == "16" and argv[argv.index("--num-prompts") + 1] == "64"
+    streamed = cells["text c=1"]
+    assert streamed.client_module == "minicpmv_ascend.vllm_cli"
+    assert "--extra-body" not in streamed.bench_args("http://127.0.0.1:9", "m", "tok", pathlib.Path("raw"), 1)
+
+    ab = bench.parser().parse_args(["ab", "--checkpoint", "c", "--out", "x", "--a", "seed", "--b", "tuned", "--pairs",
+                                    "3", "--concurrency", "1,4,16", "--mixes", "text,image",
+                                    "--b-arg=--api-server-count=2", "--b-env", "LD_PRELOAD=/lib/libtcmalloc.so"])
+    assert [c.name for c in bench.build_cells(ab)] == [
+        "text c=1", "text c=4", "text c=16", "image 1x448x448 default-mode slices=default c=1",
+        "image 1x448x448 default-mode slices=default c=4", "image 1x448x448 default-mode slices=default c=16"]
+    assert (ab.a, ab.b, ab.pairs, ab.a_arg, ab.b_arg) == ("seed", "tuned", 3, [], ["--api-server-count=2"])
+
+
+# Lines of a real vLLM 0.32 start (tiny checkpoint), as the server log has them.
+START_LOG = """\
+command:
+(APIServer pid=8334) INFO 12-01 11:10:59 [api_utils.py:347]        version 0.32.0
+(APIServer pid=8334) INFO 12-01 11:11:08 [model.py:733] Resolved architecture: MiniCPMV4_6ForConditionalGeneration
+(APIServer pid=8334) INFO 12-01 11:11:11 [base.py:280] Multi-modal warmup completed in 2.296s
+(EngineCore pid=8370) INFO 12-01 11:11:16 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
+(Worker pid=8395) INFO 12-01 11:11:24 [cpu_model_runner.py:68] Starting to load model /tmp/ckpt...
+(Worker pid=8395) INFO 12-01 11:11:25 [base_loader.py:82] Initializing model took 0.117926 seconds
+(Worker pid=8395) INFO 12-01 11:11:25 [default_loader.py:501] Loading weights took 0.02 seconds
+(EngineCore pid=8370) INFO 12-01 11:11:29 [core.py:402] init engine (profile, create kv cache, warmup model) took 2.94 s
+(APIServer pid=8334) INFO 12-01 11:11:31 [entry.py:140] Starting vLLM server on http://0.0.0.0:42777
+"""
+
+
+def test_startup_breakdown_reads_the_milestones_of_vllms_log():
+    import time
+
+    from minicpmv_ascend.tools import bench, bench_report
+
+    started = time.mktime(time.strptime(f"{time.localtime().tm_year}-12-01 11:10:50", "%Y-%m-%d %H:%M:%S"))
+    breakdown = bench.startup_breakdown(START_LOG, started)
+    assert breakdown == {"vllm_imported": 9.0, "config_resolved": 18.0, "api_mm_warmup_done": 21.0,
+                         "engine_core_started": 26.0, "worker_loading_model": 34.0, "weights_loaded": 35.0,
+                         "engine_initialized": 39.0, "api_listening": 41.0, "api_mm_warmup_s": 2.296,
+                         "model_init_s": 0.117926, "weights_load_s": 0.02, "engine_init_s": 2.94}
+    table = "\n".join(bench_report.startup_lines([{"index": 0, "startup": breakdown, "ready_s": 41.8}]))
+    assert "| 0 | 9.00 | 18.00 |" in table and table.endswith("| 2.94 | 41.80 |")
+
+
+def test_ab_profile_flags_reach_only_their_server(tiny_config, tmp_path):
+    """--a-arg/--b-arg: a vLLM flag A/B'd (e.g. --api-server-count) goes to one profile's command only,
+    after the flags both share, in the entrypoint's command and in plain `vllm serve`'s."""
+    from minicpmv_ascend.tools import bench
+
+    b = bench.make_profile("tuned", {}, "B", tmp_path, ["--api-server-count=2"])
+    a = bench.make_profile("seed", {}, "A", tmp_path)
+    cmd_b, env_b = bench.server_command(b, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *b.args])
+    cmd_a, _ = bench.server_command(a, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *a.args])
+    assert cmd_b[-2:] == ["--trust-request-mm-kwargs", "--api-server-count=2"] and env_b["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "--api-server-count=2" not in cmd_a
+    plain = bench.make_profile("plain", {}, "B", tmp_path, ["--api-server-count=2"])
+    cmd_plain, _ = bench.server_command(plain, tiny_config, 8000, "m", plain.args)
+    assert "serve" in cmd_plain and "--api-server-count=2" in cmd_plain
+    assert "--api-server-count=2" in b.describe()
+
+
 @pytest.mark.slow
 def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     result = run_bench("roofline", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--threads", "1",
@@ -166,6 +280,22 @@ def _session(pid: int) -> int | None:
         return None
 
 
+def test_contended_means_other_work_not_the_load_average():
+    """A busy server under test raises the load average (5 on 2 cores) without contending with itself;
+    the old flag (load > 2.5) marked every such cell. Work outside the server and harness does contend."""
+    from minicpmv_ascend.tools import bench_report
+
+    load = {"loadavg": [5.0, 4.0, 3.0], "foreign_vllm_processes": 0}
+    cpu = {"seconds": 30.0, "busy_cores": 1.95, "server_cores": 1.6, "harness_cores": 0.3, "other_cores": 0.05}
+    busy_server = {"load_before": load, "load_after": load, "cpu": cpu}
+    assert bench_report.contended(busy_server) is False
+    assert bench_report._load(busy_server) == "5.0 / 0 / 0.05"
+    other_work = {**busy_server, "cpu": {**cpu, "server_cores": 0.9, "other_cores": 0.8}}
+    assert bench_report.contended(other_work) is True
+    assert bench_report._load(other_work) == "5.0 / 0 / 0.80 (contended)"
+    assert bench_report.contended({"load_before": load}) is None  # no window: unknown, not quiet
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--concurrency", "0"],
      "--concurrency '0': every value must be 1 or more"),
@@ -177,6 +307,12 @@ def _session(pid: int) -> int | None:
      "expected a list of 16x, 4x, default"),
     (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x"],
      "GET /v1/models failed"),
+    (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--stream", "sometimes"],
+     "--stream 'sometimes': expected on, off or on,off"),
+    (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--image-modes", "2x"],
+     "--image-modes '2x': expected a list of 16x, 4x, default"),
+    (["endpoint", "--base-url", "http://127.0.0.1:9", "--out", "x", "--image-size", "448x448,big"],
+     "--image-size 'big': expected WIDTHxHEIGHT"),
     (["ab", "--checkpoint", "/nonexistent", "--out", "x"], "no config.json there"),
     (["ab", "--checkpoint", str(REPO / "tests"), "--out", "x"], "no config.json there"),
     (["endpoint", "--out", "x"], "the following arguments are required: --base-url"),

@@ -88,6 +88,38 @@ def test_full_preset_has_the_released_model_shapes(tmp_path):
     assert "mrope_section" not in text.rope_parameters  # the released config has plain RoPE
 
 
+def test_full_preset_tokenizer_has_the_released_vocabulary_and_ids(tmp_path):
+    """The full preset's tokenizer (built alone, no weights): 248,094 tokens like the output matrix,
+    the released special-token ids where known, and every id the model can sample decodes to text
+    (with 731 tokens for 248,094 rows, almost every sampled id decoded to nothing)."""
+    import random
+
+    full = checkpoint.PRESETS["full"]
+    tokenizer = checkpoint.build_tokenizer(tmp_path, full.vocab_size)
+    assert len(tokenizer) == full.vocab_size == 248094
+    released = {"<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046, "<|vision_start|>": 248053,
+                "<|vision_end|>": 248054, "<|image_pad|>": 248056, "<|video_pad|>": 248057, "<tool_call>": 248058,
+                "</tool_call>": 248059, "<think>": 248068}
+    assert {t: tokenizer.convert_tokens_to_ids(t) for t in released} == released
+    # Every marker the template, the processor and the parsers use is one token, special or not as in Qwen.
+    for text, special in checkpoint.SPECIAL_TOKENS:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == ("" if special else text), text
+
+    sampled = random.Random(0).sample(range(len(tokenizer)), 3000)
+    empty = [i for i in sampled if not tokenizer.decode([i])]
+    assert not empty, f"{len(empty)} of 3000 ids decode to nothing, e.g. {empty[:5]}"
+    regular = [i for i in sampled if i < checkpoint.FULL_FIRST_ADDED_ID]
+    assert sum(1 for i in regular if tokenizer.decode([i]).strip()) > 0.9 * len(regular)
+    for text in ("Please calculate 23 x 47 step by step.", "请观察图片，分析这个物理现象的原因。", "x = {'a': [1, 2]} # ok"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text and len(ids) < len(text.encode()), text
+
+    config = checkpoint.build_config(full, tokenizer)
+    assert config.text_config.vocab_size == len(tokenizer)
+    assert (config.image_token_id, config.video_token_id, config.eos_token_id) == (248056, 248057, 248046)
+
+
 def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_config):
     processor = AutoProcessor.from_pretrained(tiny_config)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]

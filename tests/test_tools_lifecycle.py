@@ -106,3 +106,84 @@ def test_own_servers_are_not_counted_as_foreign_vllm_processes(tmp_path) -> None
         lifecycle.stop(own, signal.SIGKILL)
         for pid in orphans():
             os.kill(pid, signal.SIGKILL)
+
+
+# Busy for ARGV[1] seconds of wall time (a server under load, or other work on the machine).
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass"
+
+
+def spinning_orphan(seconds: float, *tag: str) -> int:
+    """A busy process in a session of its own whose parent exits at once: not a descendant of this
+    process, like a server someone else started or another user's work. Returns its pid."""
+    # Not our pipes, or run() would wait for the orphan to close them.
+    launcher = ("import subprocess, sys; print(subprocess.Popen(sys.argv[1:], start_new_session=True, "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+    done = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-c", SPIN, str(seconds), *tag],
+                          capture_output=True, text=True, check=True, timeout=30)
+    return int(done.stdout)
+
+
+def test_cpu_window_tells_the_server_under_test_from_other_work(tmp_path) -> None:
+    """bench's 'contended' flag: CPU time of the server under test (its process tree or session) and of
+    the harness (this process, its children, also those already reaped) is not contention; a busy
+    process outside both is. The load average, which the flag used to read, counts all three."""
+    import resource
+
+    import psutil
+
+    server = spinning_orphan(8, "vllm_cli")  # looks like vLLM: the old flag also counted it as a foreign server
+    other = spinning_orphan(8)
+    try:
+        time.sleep(0.3)
+        cpu = {pid: psutil.Process(pid).cpu_times() for pid in (server, other)}
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        before = lifecycle.cpu_snapshot()
+        # The benchmark client stand-in: a child of this process, busy for 1 s, waited for in the window.
+        subprocess.run([sys.executable, "-c", SPIN, "1.0"], check=True, timeout=60)
+        after = lifecycle.cpu_snapshot()
+        reaped_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = {pid: sum(psutil.Process(pid).cpu_times()[:2]) - sum(cpu[pid][:2]) for pid in (server, other)}
+        client = reaped_after.ru_utime + reaped_after.ru_stime - reaped.ru_utime - reaped.ru_stime
+
+        window = lifecycle.cpu_window(before, after, [server])
+        blind = lifecycle.cpu_window(before, after)  # no server named: what a load figure sees
+        seconds = window["seconds"]
+        assert window["server_processes"] == 1 and seconds >= 1.0
+        assert spent[server] > 0.1 and spent[other] > 0.1, spent  # both really ran
+        assert abs(window["server_cores"] - spent[server] / seconds) < 0.1, (window, spent)
+        assert window["harness_cores"] * seconds > client - 0.05, (window, client)
+        assert window["other_cores"] > spent[other] / seconds - 0.1, (window, spent)
+        # The server's time moved out of "other", and nothing else changed.
+        assert blind["server_cores"] == 0 and blind["harness_cores"] == window["harness_cores"]
+        assert abs(blind["other_cores"] - window["other_cores"] - window["server_cores"]) < 0.02, (blind, window)
+
+        assert server in lifecycle.foreign_vllm_pids()
+        assert server not in lifecycle.foreign_vllm_pids([server])
+        assert lifecycle.machine_load([server])["foreign_vllm_processes"] < lifecycle.machine_load()["foreign_vllm_processes"]
+    finally:
+        for pid in (server, other):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_server_pids_on_port_finds_the_server_under_test(tmp_path) -> None:
+    """The listener itself; under a vLLM parent (vLLM's main process above its API servers with
+    --api-server-count 2) that parent, whose tree holds the engine too."""
+    proc, url = stand_in(tmp_path, "0")
+    try:
+        lifecycle.wait_ready(proc, url, 30)
+        assert lifecycle.server_pids_on_port(int(url.rsplit(":", 1)[1])) == [proc.pid]
+        assert lifecycle.server_pids_on_port(lifecycle.free_port()) == []
+    finally:
+        lifecycle.stop(proc, timeout=10)
+    port = lifecycle.free_port()
+    parent = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], '0'])")
+    main = lifecycle.start([sys.executable, "-c", parent, STAND_IN, str(port), "VLLM::main"], tmp_path / "main",
+                           clean_env(), cwd=tmp_path)
+    try:
+        lifecycle.wait_ready(main, f"http://127.0.0.1:{port}", 30)
+        assert lifecycle.server_pids_on_port(port) == [main.pid]
+    finally:
+        lifecycle.stop(main, timeout=10)

@@ -8,15 +8,22 @@ Presets:
   full  the released model's shapes (~1.3B parameters): honest speed numbers in benchmarks.
 
 Both use the released model's parameter names (they come from transformers' own
-MiniCPMV4_6ForConditionalGeneration), its config layout, a locally trained byte-level BPE tokenizer
-with the Qwen-style and MiniCPM layout special tokens, the Thinking chat template, processor
-configs and a generation config with stop tokens. Output is deterministic for a given seed.
+MiniCPMV4_6ForConditionalGeneration), its config layout, a byte-level BPE tokenizer with the
+Qwen-style and MiniCPM layout special tokens, the Thinking chat template, processor configs and a
+generation config with stop tokens. Output is deterministic for a given seed.
+
+The tokenizer: `tiny` trains a ~700-token one on a small corpus (its output matrix is as small);
+`full` builds one with the released vocabulary's 248,094 rows, the Qwen3.5 special tokens at the
+released ids (<|endoftext|> 248044, <|im_end|> 248046, <|image_pad|> 248056, <think> 248068 ...),
+and text-like regular tokens, so that every id the model samples decodes to text, as the real
+model's do: streaming, inter-token latency and detokenization cost what they cost at full size.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import sys
@@ -243,27 +250,150 @@ PRESETS = {
 }
 
 
-def build_tokenizer(out_dir: pathlib.Path):
-    """Train a deterministic byte-level BPE tokenizer and wrap it as a transformers tokenizer."""
+# The full tokenizer's added tokens, from id 248044 on. Qwen3.5's come first, in Qwen3's order
+# (Qwen3 has them from 151643; Qwen3.5 from 248044): released ids seen in public Qwen3.5 files are
+# <|endoftext|> 248044 and <|im_end|> 248046 (this model's stop ids, docs/design/model.md),
+# <|vision_start|> 248053, <|vision_end|> 248054, <|image_pad|> 248056, <|video_pad|> 248057
+# (transformers' Qwen3_5Config defaults), <tool_call> 248058, </tool_call> 248059 (Qwen3.5's
+# tokenizer_config.json) and <think> 248068 (a Qwen3.5 chat prompt's ids); the rest follow the order.
+# MiniCPM-V's layout tokens and `<unk>` come after them (their released ids are not known here),
+# then placeholders up to the 248,094 rows.
+FULL_FIRST_ADDED_ID = 248044
+QWEN35_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True),
+    ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True),
+    ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+)
+
+
+def _full_added_tokens(vocab_size: int) -> tuple[tuple[str, bool], ...]:
+    qwen = {text for text, _ in QWEN35_ADDED_TOKENS}
+    added = QWEN35_ADDED_TOKENS + tuple((t, sp) for t, sp in SPECIAL_TOKENS if t not in qwen)
+    placeholders = vocab_size - FULL_FIRST_ADDED_ID - len(added)
+    return added + tuple((f"<|reserved_{i}|>", True) for i in range(placeholders))
+
+
+def _byte_level(text: str) -> str:
+    """`text` as byte-level BPE spells it: one printable character per UTF-8 byte (GPT-2's map)."""
+    alphabet = _byte_alphabet()
+    return "".join(alphabet[b] for b in text.encode())
+
+
+@functools.cache
+def _byte_alphabet() -> tuple[str, ...]:
+    """GPT-2's bytes-to-unicode map: byte b is spelled by alphabet[b]."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    spelled, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            spelled[b] = chr(b)
+        else:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    return tuple(spelled[b] for b in range(256))
+
+
+def _full_regular_pieces(corpus_merges: list[tuple[str, str]]):
+    """Text the full tokenizer's regular tokens spell, most plausible first (byte-level strings).
+
+    The trained corpus merges first (the kit's own prompts tokenize as with the tiny tokenizer), then
+    English-like pieces (letters with and without a leading space, capitalised), numbers, CJK and
+    Hangul characters, punctuation pairs, and four-letter pieces in a fixed pseudo-random order to
+    fill up. Any real text still tokenizes (every byte is a token); every token decodes to text.
+    """
+    import itertools
+    import random
+    import string
+
+    for left, right in corpus_merges:
+        yield left + right
+    space = _byte_level(" ")
+    letters = string.ascii_lowercase
+    for n in (1, 2, 3):
+        for chars in itertools.product(letters, repeat=n):
+            word = "".join(chars)
+            yield from (word, space + word, space + word.capitalize(), word.capitalize())
+    for number in range(1000):
+        yield from (str(number), space + str(number))
+    for first, last in ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0xAC00, 0xD7A3), (0x3040, 0x30FF)):
+        for code in range(first, last + 1):
+            yield _byte_level(chr(code))
+    punctuation = [_byte_level(c) for c in string.punctuation]
+    for a, b in itertools.product(punctuation, repeat=2):
+        yield from (a + b, space + a + b)
+    rng = random.Random(0)
+    while True:
+        yield space + "".join(rng.choice(letters) for _ in range(4))
+
+
+def _full_bpe(regular: int):
+    """A byte-level BPE model with exactly `regular` tokens (ids 0 .. regular-1): the 256 byte
+    tokens, then a merge per piece of _full_regular_pieces (each piece built from its prefix and
+    its last byte, so the merges are consistent)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trained.train_from_iterator(TOKENIZER_CORPUS.splitlines() * 4, trainer=trainers.BpeTrainer(
+        vocab_size=1024, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    corpus_merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+                     for m in json.loads(trained.to_str())["model"]["merges"]]
+
+    vocab = {token: i for i, token in enumerate(_byte_alphabet())}
+    merges: list[tuple[str, str]] = []
+
+    def add(token: str) -> None:
+        if token in vocab or len(vocab) >= regular:
+            return
+        add(token[:-1])
+        if len(vocab) < regular:
+            merges.append((token[:-1], token[-1]))
+            vocab[token] = len(vocab)
+
+    for piece in _full_regular_pieces(corpus_merges):
+        if len(vocab) >= regular:
+            break
+        add(piece)
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    return bpe
+
+
+def build_tokenizer(out_dir: pathlib.Path, vocab_size: int | None = None):
+    """A deterministic byte-level BPE tokenizer, saved in `out_dir` and loaded back as a transformers
+    tokenizer. `vocab_size` None: trained on TOKENIZER_CORPUS (tiny); else exactly that many tokens,
+    the added ones from FULL_FIRST_ADDED_ID on (full)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1024,
-        special_tokens=[text for text, _ in SPECIAL_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(TOKENIZER_CORPUS.splitlines() * 4, trainer=trainer)
+    if vocab_size is None:
+        specials = SPECIAL_TOKENS
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=1024,
+            special_tokens=[text for text, _ in SPECIAL_TOKENS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        bpe.train_from_iterator(TOKENIZER_CORPUS.splitlines() * 4, trainer=trainer)
+    else:
+        specials = _full_added_tokens(vocab_size)
+        bpe = _full_bpe(FULL_FIRST_ADDED_ID)
+        bpe.add_special_tokens([text for text, _ in specials])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token="<unk>",
-        extra_special_tokens=[text for text, special in SPECIAL_TOKENS if special],
+        extra_special_tokens=[text for text, special in specials if special],
         model_max_length=262144,
         **TOKENIZER_ROLE_TOKENS,
     )
@@ -272,7 +402,7 @@ def build_tokenizer(out_dir: pathlib.Path):
     # Mark the thinking/tool markers non-special the way Qwen tokenizers do.
     path = out_dir / "tokenizer.json"
     data = json.loads(path.read_text())
-    nonspecial = {text for text, special in SPECIAL_TOKENS if not special}
+    nonspecial = {text for text, special in specials if not special}
     for token in data["added_tokens"]:
         if token["content"] in nonspecial:
             token["special"] = False
@@ -394,7 +524,7 @@ def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0) ->
     """Write the checkpoint into `out_dir` (created; existing files are overwritten)."""
     preset = PRESETS[preset_name]
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(out_dir)
+    tokenizer = build_tokenizer(out_dir, preset.vocab_size)
     config = build_config(preset, tokenizer)
     model = build_model(config, preset, seed)
     model.save_pretrained(out_dir)

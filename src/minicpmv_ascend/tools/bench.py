@@ -9,14 +9,17 @@
 
 Every cell is one `python -m minicpmv_ascend.vllm_cli bench serve` run (chat endpoint, `random` or
 `random-mm` dataset, fixed input/output lengths, `--ignore-eos`, `--max-concurrency`), so the
-numbers are vLLM's own definitions of TTFT, TPOT, ITL and throughput. Exact image sizes are a
+numbers are vLLM's own definitions of TTFT, TPOT, ITL and throughput; unstreamed cells (`--stream
+off`) run the same through tools/bench_client.py, whose chat client can send `"stream": false`. Exact image sizes are a
 one-bucket `--random-mm-bucket-config`; the 4x/16x mode and `max_slice_nums` travel per request in
 `--extra-body '{"mm_processor_kwargs": ...}'`, which vLLM's chat API accepts; tokens per image come
 from the server's own `usage.prompt_tokens` (image cell minus the text cell of the same length).
 
 Output in --out: bench.json (everything), bench.md (tables), plots/*.png, raw/ (vLLM's result
-files), logs/ (server logs in A/B mode). Each cell records the load average and how many other
-vLLM processes were running, because on a shared machine they change the numbers.
+files), logs/ (server logs in A/B mode). Each cell (and each A/B start) records the load average,
+how many other vLLM processes were running, and the cores that processes outside the server under
+test and this harness used meanwhile (`cpu`, `contended`), because on a shared machine they change
+the numbers.
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed
-from minicpmv_ascend.tools import lifecycle, roofline
+from minicpmv_ascend.tools import bench_report, lifecycle, roofline
 
 EXIT_USAGE = 2
 PERCENTILES = "50,99"
@@ -66,6 +70,7 @@ class Cell:
     image_size: tuple[int, int] | None = None  # (width, height)
     mode: str | None = None  # downsample_mode 16x / 4x; None = the checkpoint's default
     max_slices: int | None = None  # max_slice_nums; None = the processor's default
+    stream: bool = True  # False: each answer comes whole (bench_client), TTFT = end-to-end latency
 
     @property
     def name(self) -> str:
@@ -74,6 +79,8 @@ class Cell:
             parts.append(f"{self.images}x{self.image_size[0]}x{self.image_size[1]}")
             parts.append(self.mode or "default-mode")
             parts.append(f"slices={self.max_slices if self.max_slices is not None else 'default'}")
+        if not self.stream:
+            parts.append("no-stream")
         parts.append(f"c={self.concurrency}")
         return " ".join(parts)
 
@@ -104,19 +111,26 @@ class Cell:
             "--save-result", "--result-dir", str(result_dir), "--result-filename", f"{self.slug}.json",
             "--disable-tqdm",
         ]
+        extra_body: dict[str, Any] = {} if self.stream else {"stream": False}
+        if self.mm_kwargs():
+            extra_body["mm_processor_kwargs"] = self.mm_kwargs()
+        if extra_body:
+            args += ["--extra-body", json.dumps(extra_body)]
         if not self.images:
             return args + ["--dataset-name", "random"]
         width, height = self.image_size
-        args += [
+        return args + [
             "--dataset-name", "random-mm",
             "--random-mm-base-items-per-request", str(self.images),
             "--random-mm-num-mm-items-range-ratio", "0",
             "--random-mm-limit-mm-per-prompt", json.dumps({"image": self.images, "video": 0}),
             "--random-mm-bucket-config", f"{{({height}, {width}, 1): 1.0}}",
         ]
-        if self.mm_kwargs():
-            args += ["--extra-body", json.dumps({"mm_processor_kwargs": self.mm_kwargs()})]
-        return args
+
+    @property
+    def client_module(self) -> str:
+        """vLLM's CLI; for unstreamed cells the same with a client that can send stream: false."""
+        return "minicpmv_ascend.vllm_cli" if self.stream else "minicpmv_ascend.tools.bench_client"
 
 
 def _positive_ints(text: str, what: str) -> list[int]:
@@ -136,11 +150,11 @@ def _size(text: str, what: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def _modes(text: str) -> list[str | None]:
+def _modes(text: str, flag: str = "--modes") -> list[str | None]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("16x", "4x", "default")]
     if not modes or bad:
-        raise UsageError(f"--modes {text!r}: expected a list of 16x, 4x, default (the checkpoint's), e.g. 16x,4x")
+        raise UsageError(f"{flag} {text!r}: expected a list of 16x, 4x, default (the checkpoint's), e.g. 16x,4x")
     return [None if m == "default" else m for m in modes]
 
 
@@ -161,8 +175,16 @@ def _slices(text: str) -> list[int | None]:
 MIXES = ("text", "image", "images")
 
 
+def _streaming(text: str) -> list[bool]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in ("on", "off") for v in values):
+        raise UsageError(f"--stream {text!r}: expected on, off or on,off (streamed answers, whole answers or both)")
+    return [v == "on" for v in values]
+
+
 def build_cells(args: argparse.Namespace) -> list[Cell]:
-    """The matrix: concurrency x mixes, then the image table at concurrency 1."""
+    """The matrix: mixes x image sizes x modes (image mixes) x streaming x concurrency, then the
+    image table at concurrency 1."""
     concurrency = _positive_ints(args.concurrency, "--concurrency")
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip() and m.strip() != "none"]
     unknown = [m for m in mixes if m not in MIXES]
@@ -171,17 +193,26 @@ def build_cells(args: argparse.Namespace) -> list[Cell]:
                          "(or none: only the image table)")
     if args.input_len < 1 or args.output_len < 1:
         raise UsageError("--input-len and --output-len must be 1 or more (tokens)")
-    image = _size(args.image_size, "--image-size")
+    images = [_size(s, "--image-size") for s in args.image_size.split(",") if s.strip()]
+    if not images:
+        raise UsageError("--image-size is empty: give e.g. 448x448 or 448x448,1344x1008")
+    if args.multi_images < 1:
+        raise UsageError("--multi-images must be 1 or more (images per request of the `images` mix)")
+    image_modes = _modes(args.image_modes, "--image-modes")
+    streaming = _streaming(args.stream)
 
     def prompts(c: int) -> int:
         return args.num_prompts or max(8, 4 * c)
 
     cells = []
     for mix in mixes:
-        for c in concurrency:
-            n_images = {"text": 0, "image": 1, "images": args.multi_images}[mix]
-            cells.append(Cell(mix, c, prompts(c), args.input_len, args.output_len, n_images,
-                              image if n_images else None))
+        n_images = {"text": 0, "image": 1, "images": args.multi_images}[mix]
+        variants = [(size, mode) for size in images for mode in image_modes] if n_images else [(None, None)]
+        for size, mode in variants:
+            for stream in streaming:
+                for c in concurrency:
+                    cells.append(Cell(mix, c, prompts(c), args.input_len, args.output_len, n_images, size, mode,
+                                      stream=stream))
     if args.image_table:
         sizes = [_size(s, "--table-sizes") for s in args.table_sizes.split(",") if s.strip()]
         if not sizes:
@@ -237,18 +268,18 @@ def summarise(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib.Path, warmups: int,
-             timeout: float) -> dict[str, Any]:
+             timeout: float, server_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """One cell; `server_pids` are the server under test's processes (its CPU is not contention)."""
     raw_dir = out / "raw"
     raw_dir.mkdir(parents=True, exist_ok=True)
     result_file = raw_dir / f"{cell.slug}.json"
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "minicpmv_ascend.vllm_cli",
-           *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
+    cmd = [sys.executable, "-m", cell.client_module, *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
-                              "load_before": lifecycle.machine_load()}
+                              "load_before": lifecycle.machine_load(server_pids)}
     print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     log = raw_dir / f"{cell.slug}.log"
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
     with log.open("w") as stream:
         try:
             proc = subprocess.run(cmd, stdout=stream, stderr=subprocess.STDOUT, env=_bench_env(), timeout=timeout,
@@ -257,7 +288,9 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
         except subprocess.TimeoutExpired:
             returncode = None
     record["wall_s"] = round(time.monotonic() - started, 1)
-    record["load_after"] = lifecycle.machine_load()
+    record["cpu"] = lifecycle.cpu_window(cpu_before, lifecycle.cpu_snapshot(), server_pids)
+    record["contended"] = bench_report.contended(record)
+    record["load_after"] = lifecycle.machine_load(server_pids)
     if returncode != 0 or not result_file.is_file():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         why = "timed out" if returncode is None else f"exited with {returncode}"
@@ -280,8 +313,9 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
 
 
 def run_cells(cells: Sequence[Cell], base_url: str, model: str, tokenizer: str, out: pathlib.Path,
-              args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [run_cell(c, base_url, model, tokenizer, out, args.warmups, args.cell_timeout) for c in cells]
+              args: argparse.Namespace, server_pids: Sequence[int] = ()) -> list[dict[str, Any]]:
+    return [run_cell(c, base_url, model, tokenizer, out, args.warmups, args.cell_timeout, server_pids)
+            for c in cells]
 
 
 def add_image_tokens(records: list[dict[str, Any]]) -> None:
@@ -340,6 +374,23 @@ def check_mm_kwargs_accepted(base_url: str, model: str, cells: Sequence[Cell]) -
                              "ARGS=--trust-request-mm-kwargs), or use --modes default --slice-nums default") from None
         why = f"{err.status}: {detail[:300]}" if err.status else err.reason
         raise UsageError(f"{base_url}: a one-token chat request failed ({why})") from None
+
+
+def server_under_test(base_url: str, given: Sequence[int]) -> list[int]:
+    """The processes of the server under test on this machine: `given` (--server-pid), else those
+    listening on the URL's port when it points here. Their CPU time is not contention."""
+    import psutil
+
+    missing = [pid for pid in given if not psutil.pid_exists(pid)]
+    if missing:
+        raise UsageError(f"--server-pid {missing[0]}: no such process; give the pid of the server's API process "
+                         "(e.g. from `ps`), or leave it out to find the one listening on the URL's port")
+    if given:
+        return list(given)
+    url = urllib.parse.urlsplit(base_url)
+    if url.hostname not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return []
+    return lifecycle.server_pids_on_port(url.port or (443 if url.scheme == "https" else 80))
 
 
 def _checkpoint_dir(path: str | None, flag: str) -> pathlib.Path | None:
@@ -439,13 +490,16 @@ class Profile:
     label: str
     kind: str  # entrypoint | plain
     env: dict[str, str]
+    args: list[str] = dataclasses.field(default_factory=list)  # vLLM flags of this profile only
 
     def describe(self) -> str:
         env = " ".join(f"{k}={v}" for k, v in self.env.items())
-        return f"{self.label} ({self.kind}{', ' + env if env else ''})"
+        extra = ", ".join(x for x in (env, shlex.join(self.args)) if x)
+        return f"{self.label} ({self.kind}{', ' + extra if extra else ''})"
 
 
-def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path) -> Profile:
+def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path,
+                 args: Sequence[str] = ()) -> Profile:
     if name not in PROFILES:
         raise UsageError(f"profile {name!r} is unknown; choose from {', '.join(PROFILES)} "
                          "(and add env with --a-env/--b-env KEY=VALUE)")
@@ -455,7 +509,7 @@ def make_profile(name: str, extra: dict[str, str], label: str, out: pathlib.Path
         # A compile cache that survives restarts: one directory per profile, kept across its starts.
         env.setdefault("VLLM_CACHE_ROOT", str(out / f"compile-cache-{label}"))
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(pathlib.Path(env["VLLM_CACHE_ROOT"]) / "inductor"))
-    return Profile(f"{label}:{name}", spec["kind"], env)
+    return Profile(f"{label}:{name}", spec["kind"], env, list(args))
 
 
 def server_command(profile: Profile, checkpoint: pathlib.Path, port: int, served: str,
@@ -485,17 +539,60 @@ def _compile_cache_state(log_text: str) -> str:
     return "eager (no compile)"
 
 
+# Milestones of a vLLM start, in the order they happen, each the first log line matching: the
+# start-up breakdown (issue 16) reads their timestamps (vLLM logs whole seconds) against the start.
+STARTUP_MILESTONES = (
+    ("vllm_imported", r"\(APIServer pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)"),  # first line of vLLM's
+    ("config_resolved", r"Resolved architecture"),
+    ("api_mm_warmup_done", r"Multi-modal warmup completed"),
+    ("engine_core_started", r"Initializing a V1 LLM engine"),
+    ("worker_loading_model", r"Starting to load model"),
+    ("weights_loaded", r"Loading weights took"),
+    ("mm_profiling", r"Encoder cache will be initialized"),
+    ("engine_initialized", r"init engine \(profile, create kv cache, warmup model\) took"),
+    ("api_listening", r"Starting vLLM server on"),
+)
+# Durations vLLM prints itself, in seconds.
+STARTUP_DURATIONS = (
+    ("api_mm_warmup_s", r"Multi-modal warmup completed in ([\d.]+) ?s"),
+    ("model_init_s", r"Initializing model took ([\d.]+) seconds"),
+    ("weights_load_s", r"Loading weights took ([\d.]+) seconds"),
+    ("engine_init_s", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+)
+_LOG_TIME = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) ")
+
+
+def startup_breakdown(log_text: str, started_wall: float) -> dict[str, Any]:
+    """Seconds from the process start (`started_wall`, time.time()) to each STARTUP_MILESTONES
+    line of the server log (1 s resolution: vLLM's timestamps), plus the durations vLLM reports."""
+    year = time.localtime(started_wall).tm_year
+    out: dict[str, Any] = {}
+    for key, pattern in STARTUP_MILESTONES:
+        for line in log_text.splitlines():
+            stamp = _LOG_TIME.search(line)
+            if stamp and re.search(pattern, line):
+                when = time.mktime(time.strptime(f"{year}-{stamp[1]}", "%Y-%m-%d %H:%M:%S"))
+                out[key] = round(when - started_wall, 1)
+                break
+    for key, pattern in STARTUP_DURATIONS:
+        found = re.search(pattern, log_text)
+        if found:
+            out[key] = float(found[1])
+    return out
+
+
 def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, cells: Sequence[Cell],
                       out: pathlib.Path, index: int, args: argparse.Namespace) -> dict[str, Any]:
     port = lifecycle.free_port()
-    cmd, env = server_command(profile, checkpoint, port, served, args.server_arg)
+    cmd, env = server_command(profile, checkpoint, port, served, [*args.server_arg, *profile.args])
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{index:02d}-{profile.label.replace(':', '-')}.log"
     record: dict[str, Any] = {"profile": profile.label, "index": index, "command": shlex.join(cmd),
-                              "env": profile.env, "log": str(log_path), "load_before": lifecycle.machine_load()}
+                              "env": profile.env, "args": profile.args, "log": str(log_path),
+                              "load_before": lifecycle.machine_load()}
     print(f"[bench] start #{index} {profile.describe()}", file=sys.stderr, flush=True)
-    started = time.monotonic()
+    started, started_wall, cpu_before = time.monotonic(), time.time(), lifecycle.cpu_snapshot()
     proc = lifecycle.start(cmd, log_path, env)
     record["server_pid"] = proc.pid  # also its process group and session id
     base_url = f"http://127.0.0.1:{port}"
@@ -504,17 +601,20 @@ def start_and_measure(profile: Profile, checkpoint: pathlib.Path, served: str, c
             ready = lifecycle.wait_ready(proc, base_url, args.ready_timeout, served, _api_key(), started)
         except lifecycle.NotReady as err:
             ready, why = None, str(err)
+        record["cpu"] = lifecycle.cpu_window(cpu_before, lifecycle.cpu_snapshot(), [proc.pid])  # the start
+        record["contended"] = bench_report.contended(record)
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         if ready is None:
             record["error"] = f"server {why}; log {log_path}"
             print(f"[bench] start #{index}: {record['error']}", file=sys.stderr, flush=True)
             return record
         record["ready_s"] = round(ready, 2)
+        record["startup"] = startup_breakdown(log_path.read_text(errors="replace"), started_wall)
         record["rss_mib_after_ready"] = lifecycle.session_rss_mib(proc.pid)
         print(f"[bench] start #{index}: ready in {ready:.1f} s, RSS {record['rss_mib_after_ready']} MiB",
               file=sys.stderr, flush=True)
         cell_out = out / f"run{index:02d}"
-        record["cells"] = run_cells(cells, base_url, served, str(checkpoint), cell_out, args)
+        record["cells"] = run_cells(cells, base_url, served, str(checkpoint), cell_out, args, [proc.pid])
         record["compile_cache"] = _compile_cache_state(log_path.read_text(errors="replace"))
         return record
     finally:
@@ -548,12 +648,13 @@ def run_ab(args: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:
     checkpoint = _checkpoint_dir(args.checkpoint, "--checkpoint")
     if checkpoint is None:
         raise UsageError("ab needs --checkpoint DIR (the model both servers load)")
-    a = make_profile(args.a, _env_pairs(args.a_env, "--a-env"), "A", out)
-    b = make_profile(args.b, _env_pairs(args.b_env, "--b-env"), "B", out)
+    a = make_profile(args.a, _env_pairs(args.a_env, "--a-env"), "A", out, args.a_arg)
+    b = make_profile(args.b, _env_pairs(args.b_env, "--b-env"), "B", out, args.b_arg)
     if args.pairs < 1:
         raise UsageError("--pairs must be 1 or more")
     cells = build_cells(args)
-    if any(c.mm_kwargs() for c in cells) and "--trust-request-mm-kwargs" not in args.server_arg:
+    trusting = all("--trust-request-mm-kwargs" in (*args.server_arg, *p.args) for p in (a, b))
+    if any(c.mm_kwargs() for c in cells) and not trusting:
         raise UsageError("the --modes/--slice-nums cells send per-request mm_processor_kwargs, which vLLM refuses "
                          "by default: add --server-arg=--trust-request-mm-kwargs, or use --modes default "
                          "--slice-nums default")
@@ -587,8 +688,15 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--input-len", type=int, default=128, help="random text tokens per request (default 128)")
     g.add_argument("--output-len", type=int, default=64, help="generated tokens per request, ignore_eos (default 64)")
     g.add_argument("--num-prompts", type=int, default=0, help="requests per cell (default max(8, 4 x concurrency))")
-    g.add_argument("--image-size", default="448x448", help="WIDTHxHEIGHT of the image mixes (default 448x448)")
+    g.add_argument("--image-size", default="448x448",
+                   help="WIDTHxHEIGHT of the image mixes, comma-separated for several (default 448x448)")
+    g.add_argument("--image-modes", default="default",
+                   help="downsample modes of the image mixes: 16x, 4x, default (the checkpoint's), comma-separated; "
+                        "other than default needs a server started with --trust-request-mm-kwargs (default default)")
     g.add_argument("--multi-images", type=int, default=3, help="images per request of the `images` mix (default 3)")
+    g.add_argument("--stream", default="on",
+                   help="on: streamed answers (TTFT, ITL); off: whole answers (requests/s, end-to-end latency; "
+                        "TTFT is the whole answer); on,off: both (default on)")
     g.add_argument("--warmups", type=int, default=1, help="warm-up requests before each cell (default 1)")
     g.add_argument("--cell-timeout", type=float, default=1800, help="seconds one cell may take (default 1800)")
     t = p.add_argument_group("image table (concurrency 1: TTFT and tokens per image)")
@@ -619,6 +727,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model", help="served model name (default: the first in /v1/models)")
     e.add_argument("--checkpoint", help="checkpoint directory for the tokenizer and rooflines "
                                         "(default: the `root` /v1/models reports, if it is a local directory)")
+    e.add_argument("--server-pid", type=int, action="append", default=[], metavar="PID",
+                   help="a process of the server under test (repeatable; default: the one listening on the URL's "
+                        "port, if local): its CPU time, and its process tree's, is not counted as contention")
     e.add_argument("--out", required=True, help="directory for bench.json, bench.md, plots/")
     _add_matrix_options(e)
     _add_roofline_options(e)
@@ -629,6 +740,11 @@ def parser() -> argparse.ArgumentParser:
     ab.add_argument("--b", default="tuned", help="profile B (default tuned)")
     ab.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for A (repeatable)")
     ab.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for B (repeatable)")
+    ab.add_argument("--a-arg", action="append", default=[], metavar="ARG",
+                    help="extra vLLM flag for A only, e.g. --a-arg=--api-server-count=1 (repeatable)")
+    ab.add_argument("--b-arg", action="append", default=[], metavar="ARG",
+                    help="extra vLLM flag for B only, e.g. --b-arg=--api-server-count=2 or "
+                         "--b-arg=--mm-processor-cache-gb=0 (repeatable)")
     ab.add_argument("--pairs", type=int, default=2, help="A/B pairs (default 2)")
     ab.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra vLLM flag for both servers, e.g. --server-arg=--trust-request-mm-kwargs (repeatable; "
@@ -676,11 +792,16 @@ def run(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"the server reports model root {root!r}, not a local directory: pass "
                                  "--checkpoint DIR (the tokenizer and rooflines need it)")
             check_mm_kwargs_accepted(args.base_url, model, cells)
+            server_pids = server_under_test(args.base_url, args.server_pid)
+            if not server_pids:
+                print(f"[bench] no process of this machine listens on {args.base_url} for this user: the server's "
+                      "own CPU time counts as other work (contended); pass --server-pid PID", file=sys.stderr)
             out.mkdir(parents=True, exist_ok=True)
-            result |= {"base_url": args.base_url, "model": model, "checkpoint": str(checkpoint)}
+            result |= {"base_url": args.base_url, "model": model, "checkpoint": str(checkpoint),
+                       "server_pids": server_pids}
             if not args.no_roofline:
                 result["hardware"] = hardware_limits(args)
-            records = run_cells(cells, args.base_url, model, str(checkpoint), out, args)
+            records = run_cells(cells, args.base_url, model, str(checkpoint), out, args, server_pids)
             add_image_tokens(records)
             result["cells"] = records
             if not args.no_roofline:
@@ -705,8 +826,6 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"minicpmv-bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     result["machine"]["load_end"] = lifecycle.machine_load()
-    from minicpmv_ascend.tools import bench_report
-
     paths = bench_report.write(result, out)
     print("\n".join(f"[bench] wrote {p}" for p in paths), file=sys.stderr)
     return 0 if bench_report.complete(result) else 1

@@ -16,12 +16,26 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+# A measurement is contended when processes other than the server under test and this harness used
+# more than this many cores on average over its window. Not the load average: it counts the server
+# under test itself, so every cell of a busy server looked contended.
+CONTENDED_OTHER_CORES = 0.25
+
+
+def contended(record: Mapping[str, Any]) -> bool | None:
+    """Whether other work competed with this cell or start (None: no CPU window recorded)."""
+    cpu = record.get("cpu")
+    return None if not cpu else cpu["other_cores"] > CONTENDED_OTHER_CORES
+
+
 def _load(record: Mapping[str, Any]) -> str:
     before, after = record.get("load_before") or {}, record.get("load_after") or {}
     load = max((before.get("loadavg") or [0])[0], (after.get("loadavg") or [0])[0])
     others = max(before.get("foreign_vllm_processes", 0), after.get("foreign_vllm_processes", 0))
-    flag = " (contended)" if load > 2.5 or others else ""
-    return f"{load:.1f} / {others}{flag}"
+    cpu = record.get("cpu")
+    other_cores = f"{cpu['other_cores']:.2f}" if cpu else "-"
+    flag = " (contended)" if contended(record) else ""
+    return f"{load:.1f} / {others} / {other_cores}{flag}"
 
 
 def all_cells(result: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -39,7 +53,7 @@ def complete(result: Mapping[str, Any]) -> bool:
 
 
 CELL_HEADER = ("| cell | req | out tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms "
-               "| decode tok/s per req | prompt tok/req | tok/image | load 1 min / other vLLM |")
+               "| decode tok/s per req | prompt tok/req | tok/image | load 1 min / other vLLM / other cores |")
 
 
 def cell_rows(cells: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -95,12 +109,31 @@ def roofline_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def startup_lines(starts: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each start's breakdown: seconds from the process start to each milestone of vLLM's log
+    (whole seconds), and the durations vLLM reports."""
+    keys: list[str] = []
+    for s in starts:
+        keys += [k for k in s.get("startup", {}) if k not in keys]
+    if not keys:
+        return []
+    header = "| start | " + " | ".join(keys) + " | ready s |"
+    lines = ["", "Start-up breakdown (milestones: s since the process start, from vLLM's log, 1 s resolution; "
+             "`*_s`: durations vLLM reports):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for s in starts:
+        startup = s.get("startup", {})
+        lines.append(f"| {s['index']} | " + " | ".join(_fmt(startup.get(k), 2) for k in keys)
+                     + f" | {_fmt(s.get('ready_s'), 2)} |")
+    return lines
+
+
 def ab_lines(ab: Mapping[str, Any]) -> list[str]:
     lines = ["## A/B", "", f"- A = {ab['a']}", f"- B = {ab['b']}", "",
-             "| start | profile | ready s | RSS MiB | compile cache | load 1 min / other vLLM |", "|---|---|---|---|---|---|"]
+             "| start | profile | ready s | RSS MiB | compile cache | load 1 min / other vLLM / other cores |", "|---|---|---|---|---|---|"]
     for s in ab["starts"]:
         lines.append(f"| {s['index']} | {s['profile']} | {_fmt(s.get('ready_s'), 2)} | {_fmt(s.get('rss_mib_after_ready'))} "
                      f"| {s.get('compile_cache', '-')} | {_load(s)} |")
+    lines += startup_lines(ab["starts"])
     lines += ["", "Ratios B/A pair by pair (throughput > 1: B faster; TPOT, TTFT, ready < 1: B faster):", ""]
     names = [c["name"] for c in (ab["starts"][0].get("cells") or [])]
     header = "| pair | ready s | RSS | " + " | ".join(f"{n}: out tok/s, TPOT p50" for n in names) + " |"
@@ -134,8 +167,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines.append("")
     if result.get("ab"):
         lines += ab_lines(result["ab"])
-    lines += ["Load: 1-minute load average (2 cores here) / vLLM processes this run did not start; "
-              "'contended' marks cells where either was high.", ""]
+    lines += ["Load: 1-minute load average (it includes the server under test) / vLLM processes that are neither "
+              "under test nor started by this run / cores used on average by every process outside the server under "
+              f"test and this harness during the cell (or start); 'contended' marks more than {CONTENDED_OTHER_CORES} "
+              "other cores.", ""]
     return "\n".join(lines)
 
 
@@ -162,7 +197,8 @@ def _plots(result: Mapping[str, Any], plots: pathlib.Path) -> list[pathlib.Path]
         for start in (result.get("ab") or {}).get("starts", []) or [{"profile": "", "cells": result.get("cells", [])}]:
             for c in start.get("cells", []):
                 if c.get("metrics") and c["mix"] != "table":
-                    key = f"{start['profile']} {c['mix']}".strip() + (f" #{start['index']}" if "index" in start else "")
+                    variant = c["name"].rsplit(" c=", 1)[0]  # mix, image size and mode, streaming
+                    key = f"{start['profile']} {variant}".strip() + (f" #{start['index']}" if "index" in start else "")
                     series.setdefault(key, []).append((c["concurrency"], c["metrics"]["output_throughput"]))
         for key, points in series.items():
             points.sort()

@@ -8,14 +8,17 @@ fuzz's own server (and the schemathesis runs it bounds). One way to do each step
     stop(proc, sig, timeout)           a signal to it as an orchestrator sends one, then the group
 
 And what the machine was doing meanwhile (bench and fuzz record it beside their figures, because on
-a shared machine other servers change them): the load average and the vLLM processes this process
-did not start, counted with psutil (in every vLLM environment: requirements/cpu.lock,
-vllm023.lock; imported where processes are counted, because schemathesis imports the fuzzer's
-hooks, and so this module, in .venv-fuzz, which has no psutil).
+a shared machine other servers change them): the load average, the vLLM processes this process
+did not start, and, over a measurement window, the CPU time spent outside the server under test
+and this harness (cpu_snapshot / cpu_window: the load average cannot tell the server under test
+from other work, so it marks every benchmark cell busy). Counted with psutil (in every vLLM
+environment: requirements/cpu.lock, vllm023.lock; imported where processes are counted, because
+schemathesis imports the fuzzer's hooks, and so this module, in .venv-fuzz, which has no psutil).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import pathlib
@@ -160,13 +163,16 @@ def session_rss_mib(sid: int) -> float:
     return round(total / 2**20, 1)
 
 
-def foreign_vllm_pids() -> set[int]:
-    """vLLM processes on this machine that this process did not start (other users' servers):
-    neither this process's descendants nor members of a session start() started."""
+def foreign_vllm_pids(server_pids: Sequence[int] = ()) -> set[int]:
+    """vLLM processes on this machine that are neither under test nor started here (other users'
+    servers): not this process's descendants, not members of a session start() started, and not in
+    the process tree or session of `server_pids` (a server under test that someone else started)."""
     import psutil
 
     me = psutil.Process()
     own = {me.pid, *(child.pid for child in me.children(recursive=True))}
+    if server_pids:
+        own |= _tree(cpu_snapshot(), server_pids)
     found = set()
     for process in psutil.process_iter(["name", "cmdline"]):
         try:
@@ -180,9 +186,120 @@ def foreign_vllm_pids() -> set[int]:
     return found
 
 
-def machine_load() -> dict[str, Any]:
-    return {"loadavg": [round(v, 2) for v in os.getloadavg()], "foreign_vllm_processes": len(foreign_vllm_pids()),
-            "time": now()}
+def machine_load(server_pids: Sequence[int] = ()) -> dict[str, Any]:
+    return {"loadavg": [round(v, 2) for v in os.getloadavg()],
+            "foreign_vllm_processes": len(foreign_vllm_pids(server_pids)), "time": now()}
+
+
+# A process of a vLLM server: vLLM's own process titles and command lines, and this kit's.
+SERVER_PROCESS = re.compile(r"vllm|VLLM::|entrypoint\.py|minicpmv_ascend")
+
+
+def _is_server_process(process: Any) -> bool:
+    """By its process title (vLLM's `VLLM::...`) or arguments, not its interpreter's path (a
+    `.venv-vllm030/bin/python` running pytest is no server)."""
+    cmdline = process.cmdline()
+    title = cmdline[0] if cmdline and cmdline[0].startswith("VLLM::") else ""
+    return bool(SERVER_PROCESS.search(" ".join([title, *cmdline[1:], process.name()])))
+
+
+def server_pids_on_port(port: int) -> list[int]:
+    """The server under test when its URL points here: the process listening on TCP `port` (one
+    this user may see; psutil shows no pid for another user's socket), raised to the topmost vLLM
+    process above it. With `--api-server-count` > 1 the listener is one of several API servers,
+    children of vLLM's main process, which also parents the engine core."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}  # never climb into the harness's own line
+    roots = set()
+    for pid in {c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}:
+        try:
+            process = psutil.Process(pid)
+        except psutil.Error:
+            continue  # gone meanwhile
+        try:
+            while (parent := process.parent()) and parent.pid not in mine and _is_server_process(parent):
+                process = parent
+        except psutil.Error:
+            pass  # a parent gone meanwhile, or not ours to read: the highest found so far
+        roots.add(process.pid)
+    return sorted(roots)
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSnapshot:
+    """The machine's busy CPU seconds, and each process's (parent, session, CPU seconds) at one moment.
+
+    A process's CPU seconds include its reaped children's (psutil's children_user/children_system),
+    so the sum over a process tree keeps the time of members that exited and were waited for.
+    """
+
+    time: float  # time.monotonic()
+    busy_s: float  # every CPU's non-idle time since boot (user, nice, system, irq, softirq, steal)
+    processes: Mapping[int, tuple[int, int, float]]  # pid -> (ppid, sid, CPU seconds)
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    import psutil
+
+    times = psutil.cpu_times()
+    busy = times.user + times.nice + times.system + times.irq + times.softirq + times.steal
+    processes = {}
+    for process in psutil.process_iter(["ppid", "cpu_times"]):
+        cpu = process.info["cpu_times"]
+        try:
+            sid = os.getsid(process.pid)
+        except OSError:
+            continue  # gone meanwhile
+        if cpu is not None:  # None: not readable (another user's, on a hardened /proc)
+            processes[process.pid] = (process.info["ppid"], sid,
+                                      cpu.user + cpu.system + cpu.children_user + cpu.children_system)
+    return CpuSnapshot(time.monotonic(), busy, processes)
+
+
+def _tree(snapshot: CpuSnapshot, roots: Sequence[int]) -> set[int]:
+    """`roots` and their descendants; where a root leads a session (start() starts servers so),
+    every member of that session too (a worker its parent left behind still belongs to it)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in snapshot.processes.items():
+        children.setdefault(ppid, []).append(pid)
+    leaders = {root for root in roots if snapshot.processes.get(root, (0, 0, 0))[1] == root}
+    members = {pid for pid, (_, sid, _) in snapshot.processes.items() if sid in leaders}
+    todo = [pid for pid in (*roots, *members) if pid in snapshot.processes]
+    found: set[int] = set()
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def _tree_cpu_s(snapshot: CpuSnapshot, pids: set[int]) -> float:
+    return sum(snapshot.processes[pid][2] for pid in pids)
+
+
+def cpu_window(before: CpuSnapshot, after: CpuSnapshot, server_pids: Sequence[int] = ()) -> dict[str, Any]:
+    """Where the machine's CPU time went between two snapshots, in cores (CPU seconds per second):
+    the server under test (the trees or sessions of `server_pids`), this harness (this process and
+    its descendants outside the server: the benchmark client), and everything else (`other_cores`:
+    what really competes with the measurement). The load average cannot make this split."""
+    seconds = after.time - before.time
+    if seconds <= 0:
+        raise ValueError("cpu_window: `after` was taken before `before`")
+
+    def cores(pids_before: set[int], pids_after: set[int]) -> float:
+        return max(0.0, _tree_cpu_s(after, pids_after) - _tree_cpu_s(before, pids_before)) / seconds
+
+    server_before, server_after = _tree(before, server_pids), _tree(after, server_pids)
+    me = [os.getpid()]
+    server = cores(server_before, server_after)
+    harness = cores(_tree(before, me) - server_before, _tree(after, me) - server_after)
+    busy = max(0.0, after.busy_s - before.busy_s) / seconds
+    return {"seconds": round(seconds, 2), "busy_cores": round(busy, 3), "server_cores": round(server, 3),
+            "harness_cores": round(harness, 3), "other_cores": round(max(0.0, busy - server - harness), 3),
+            "server_processes": len(server_after)}
 
 
 def now() -> str:
