@@ -184,7 +184,7 @@ def test_ab_profile_flags_reach_only_their_server(tiny_config, tmp_path):
     a = bench.make_profile("seed", {}, "A", tmp_path)
     cmd_b, env_b = bench.server_command(b, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *b.args])
     cmd_a, _ = bench.server_command(a, tiny_config, 8000, "m", ["--trust-request-mm-kwargs", *a.args])
-    assert cmd_b[-2:] == ["--trust-request-mm-kwargs", "--api-server-count=2"] and env_b["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert cmd_b[-2:] == ["--trust-request-mm-kwargs", "--api-server-count=2"] and env_b["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
     assert "--api-server-count=2" not in cmd_a
     plain = bench.make_profile("plain", {}, "B", tmp_path, ["--api-server-count=2"])
     cmd_plain, _ = bench.server_command(plain, tiny_config, 8000, "m", plain.args)

@@ -3,13 +3,16 @@ and SIGTERM (bad settings: test_bad_config.py). Each test owns its server; they 
 
 from __future__ import annotations
 
+import os
 import pathlib
+import re
 import signal
 import time
 
 import pytest
 
 from conftest import start_server
+from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS
 
 
 def cmdline(pid: int) -> list[str]:
@@ -28,6 +31,9 @@ def test_default_model_is_served_with_a_random_weights_warning_and_sigterm_exits
         log = srv.log_path.read_text()
         assert "RANDOM" in log and "MODEL_PATH" in log, "the random-weights warning is missing"
         assert any(cache.rglob("config.json")), "the embedded checkpoint was not generated in the cache dir"
+        # The CPU binding default reached vLLM: on a small host no core is kept from the model.
+        small_host = len(os.sched_getaffinity(0)) <= SMALL_CPU_HOST_MAX_CPUS
+        assert ("reserved_cpus=[]" in log) == small_host, re.findall(r"core ids=.*|reserved_cpus=.*", log)
         # exec: the PID the orchestrator started is now vLLM's API server, not a wrapper around it.
         args = cmdline(srv.process.pid)
         assert "minicpmv_ascend.vllm_cli" in args and "serve" in args, args

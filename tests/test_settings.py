@@ -27,6 +27,7 @@ from minicpmv_ascend.settings import (
     resolve,
     vllm_check,
 )
+from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, cpu_env_defaults
 
 CPU = "cpu"
 
@@ -239,6 +240,14 @@ def test_exec_env_only_sets_defaults_the_user_left_unset(tiny_config):
     assert env["HF_HUB_OFFLINE"] == "0"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
     assert "VLLM_API_KEY" not in env  # an empty placeholder is not an API key
+    assert plan.exec_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+
+
+def test_small_cpu_hosts_give_every_core_to_the_model_larger_ones_keep_vllms_reservation():
+    assert cpu_env_defaults(2)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert cpu_env_defaults(SMALL_CPU_HOST_MAX_CPUS)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    larger = cpu_env_defaults(SMALL_CPU_HOST_MAX_CPUS + 1)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in larger and larger["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
 
 
 def test_modelscope_model_id_skips_directory_checks():

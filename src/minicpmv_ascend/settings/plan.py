@@ -34,6 +34,14 @@ from minicpmv_ascend.settings.table import REDACTED, SETTINGS, SETTINGS_BY_NAME,
 MEDIA_FETCHING_OFF = (f"none (fetching image URLs is off: the server setting {media_urls.SETTING_HINT} "
                       "turns it on; or send the image inline as a data: URL)")
 VLLM_CLI_MODULE = "minicpmv_ascend.vllm_cli"
+# vLLM's automatic OpenMP binding keeps one core per worker away from the model for its API server
+# and engine loop (vllm/utils/ompmultiprocessing.py: reserve_cpu_num = local_world_size, "TODO:
+# make scheduler proc sleep when idle"). On a small host that core is a large share of the compute:
+# on 2 cores, giving both to the model served 1.8x the tokens/s at 16 concurrent requests and 1.2x
+# at one (docs/performance.md, "CPU binding"). Up to this many usable CPUs the launcher therefore
+# reserves none; above it the reservation costs at most 1/N of the compute and vLLM's own choice
+# stands (reasoned, not measured here: the harness command in docs/performance.md checks a host).
+SMALL_CPU_HOST_MAX_CPUS = 4
 
 
 @dataclasses.dataclass
@@ -149,6 +157,15 @@ def _package_pythonpath(environ: Mapping[str, str]) -> str | None:
     return os.pathsep.join(p for p in (root, current) if p)
 
 
+def cpu_env_defaults(usable_cpus: int) -> dict[str, str]:
+    """vLLM-CPU's environment defaults: a 1 GiB KV cache (the rehearsal's models are small) and
+    automatic OpenMP binding, with no core reserved on a small host."""
+    defaults = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    if usable_cpus <= SMALL_CPU_HOST_MAX_CPUS:
+        defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    return defaults
+
+
 def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                platform: str | None = None, dev_dir: str | os.PathLike[str] = "/dev") -> Plan:
     """All checks that need no vLLM import; raises ConfigError. Reads the checkpoint's metadata."""
@@ -188,7 +205,8 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":
-        env_defaults |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+        usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env_defaults |= cpu_env_defaults(usable_cpus)
     if (pythonpath := _package_pythonpath(environ)) is not None:
         env_defaults["PYTHONPATH"] = pythonpath
     return Plan(resolution, platform, model, model_dir, embedded, effective,

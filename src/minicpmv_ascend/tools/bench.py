@@ -455,14 +455,16 @@ def rooflines(records: Sequence[dict[str, Any]], model_dir: pathlib.Path, hw: Ma
 # A/B: servers this harness starts and stops itself
 # --------------------------------------------------------------------------------------------
 
-# Settings an operator can pick today (env of entrypoint.py). "tuned" binds vLLM's OpenMP threads to
-# every core of a 2-core machine instead of leaving one to the API server (auto); on this project's
-# machine it did not beat the seed (docs/performance.md). "plain" is vLLM without the entrypoint,
-# given exactly the command and environment the entrypoint's plan would exec (the same source
-# `entrypoint.py --dry-run` prints).
+# Settings an operator can pick today (env of entrypoint.py). "tuned" gives vLLM's OpenMP threads
+# every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0, the launcher's default on hosts of up to 4 CPUs);
+# "reserved" keeps one core for the API server and engine loop, vLLM's own automatic binding and
+# the default above 4 CPUs (settings/plan.py; docs/performance.md "CPU binding"). "plain" is vLLM
+# without the entrypoint, given exactly the command and environment the entrypoint's plan would
+# exec (the same source `entrypoint.py --dry-run` prints).
 PROFILES: dict[str, dict[str, Any]] = {
     "seed": {"kind": "entrypoint", "env": {}},
-    "tuned": {"kind": "entrypoint", "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}},
+    "tuned": {"kind": "entrypoint", "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}},
+    "reserved": {"kind": "entrypoint", "env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}},
     "compiled": {"kind": "entrypoint", "env": {"ENFORCE_EAGER": "false"}},
     # vLLM 0.32 cannot reload its own AOT artifact on the CPU (docs/performance.md): without AOT the
     # model is traced again at each start but inductor's compiled kernels come from its cache.
@@ -737,7 +739,7 @@ def parser() -> argparse.ArgumentParser:
     ab = sub.add_parser("ab", help="start/stop servers: A B A B ..., ratios B/A pair by pair")
     ab.add_argument("--checkpoint", required=True, help="checkpoint directory both servers load")
     ab.add_argument("--a", default="seed", help=f"profile A: {', '.join(PROFILES)} (default seed)")
-    ab.add_argument("--b", default="tuned", help="profile B (default tuned)")
+    ab.add_argument("--b", default="reserved", help="profile B (default reserved: does the default binding beat vLLM's own reservation here?)")
     ab.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for A (repeatable)")
     ab.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE", help="extra env for B (repeatable)")
     ab.add_argument("--a-arg", action="append", default=[], metavar="ARG",
