@@ -3,7 +3,6 @@ and SIGTERM (bad settings: test_bad_config.py). Each test owns its server; they 
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import signal
@@ -12,7 +11,7 @@ import time
 import pytest
 
 from conftest import start_server
-from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS
+from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
 
 
 def cmdline(pid: int) -> list[str]:
@@ -32,7 +31,7 @@ def test_default_model_is_served_with_a_random_weights_warning_and_sigterm_exits
         assert "RANDOM" in log and "MODEL_PATH" in log, "the random-weights warning is missing"
         assert any(cache.rglob("config.json")), "the embedded checkpoint was not generated in the cache dir"
         # The CPU binding default reached vLLM: on a small host no core is kept from the model.
-        small_host = len(os.sched_getaffinity(0)) <= SMALL_CPU_HOST_MAX_CPUS
+        small_host = usable_cpus() <= SMALL_CPU_HOST_MAX_CPUS
         assert ("reserved_cpus=[]" in log) == small_host, re.findall(r"core ids=.*|reserved_cpus=.*", log)
         # exec: the PID the orchestrator started is now vLLM's API server, not a wrapper around it.
         args = cmdline(srv.process.pid)

@@ -157,6 +157,11 @@ def _package_pythonpath(environ: Mapping[str, str]) -> str | None:
     return os.pathsep.join(p for p in (root, current) if p)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, as vLLM's automatic binding counts them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_env_defaults(usable_cpus: int) -> dict[str, str]:
     """vLLM-CPU's environment defaults: a 1 GiB KV cache (the rehearsal's models are small) and
     automatic OpenMP binding, with no core reserved on a small host."""
@@ -205,8 +210,7 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":
-        usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        env_defaults |= cpu_env_defaults(usable_cpus)
+        env_defaults |= cpu_env_defaults(usable_cpus())
     if (pythonpath := _package_pythonpath(environ)) is not None:
         env_defaults["PYTHONPATH"] = pythonpath
     return Plan(resolution, platform, model, model_dir, embedded, effective,
