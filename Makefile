@@ -73,17 +73,30 @@ bench: venv
 	$(VPY) -m minicpmv_ascend.tools.bench $(ARGS)
 
 # The lint gate, then pytest runs: the plugin's backports against each Ascend target's own vLLM
-# code (plugin/tests, once per target venv, 4-7 min each here), then everything else. All always
-# run; the target fails if any fails.
-test: venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
-	@status=0; \
-	$(RUFF) || status=$$?; \
+# code (plugin/tests, once per target venv), then everything else. All always run; the target fails
+# if any fails. Every phase is timed, the venv builds too, and the table is printed at the end
+# (docs/development.md has a measured one); a setup phase that is already built takes a second.
+TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
+test:
+	@status=0; phases=""; \
+	timed() { local name=$$1 start=$$(date +%s) rc=0; shift; "$$@" || rc=$$?; \
+		phases+=$$(printf '%-24s %5d s' "$$name" $$(( $$(date +%s) - start )); \
+			[ $$rc = 0 ] || printf '  exit %d' $$rc)$$'\n'; \
+		return $$rc; }; \
+	report() { printf '== make test phases\n%s' "$$phases"; }; \
+	start=$$(date +%s); \
+	for setup in $(TEST_SETUP); do \
+		timed "make $$setup" $(MAKE) --no-print-directory $$setup || { status=$$?; report; exit $$status; }; \
+	done; \
+	timed ruff $(RUFF) || status=$$?; \
 	for target in $(PLUGIN_TARGETS); do \
 		echo "== plugin/tests against $$target (.venv-$$target)"; \
-		.venv-$$target/bin/python -m pytest plugin/tests $(PYTEST_ARGS_PLUGIN) || status=$$?; \
+		timed "plugin/tests $$target" .venv-$$target/bin/python -m pytest plugin/tests $(PYTEST_ARGS_PLUGIN) \
+			|| status=$$?; \
 	done; \
-	$(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
-	exit $$status
+	timed tests/ $(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	phases+=$$(printf '%-24s %5d s' total $$(( $$(date +%s) - start ))); \
+	report; echo; exit $$status
 
 # What a developer runs on every change: the lint gate and the unit tier, every test that needs no
 # vLLM server, no engine and no torch outside the pytest process (not the generated checkpoint, not

@@ -172,3 +172,15 @@ def test_without_311_or_312_it_stops_and_says_how_to_get_one(tmp_path, given) ->
     assert ("PYTHON=python3 is not one" if given else "found none of python3.11, python3.12") in result.stderr
     assert "uv python install 3.12" in result.stderr and "python3.12-venv" in result.stderr
     assert not (work / ".venv").exists()
+
+
+def test_make_test_prints_every_phase_with_its_seconds_and_failures() -> None:
+    """`make test` times each phase and prints the table at the end, a failed phase with its exit
+    status; here with no setup and no target, ruff replaced by `true` and pytest by `false`."""
+    environ = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+    result = subprocess.run([MAKE, "--no-print-directory", "test", "TEST_SETUP=", "PLUGIN_TARGETS=", "RUFF=true",
+                             "VPY=false"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0, result.stdout
+    table = result.stdout[result.stdout.index("== make test phases"):].splitlines()[1:]
+    assert [line.split()[0] for line in table] == ["ruff", "tests/", "total"], table
+    assert re.fullmatch(r"ruff +\d+ s", table[0]) and re.fullmatch(r"tests/ +\d+ s  exit 1", table[1]), table

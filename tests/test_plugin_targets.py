@@ -55,8 +55,8 @@ def test_make_test_runs_plugin_tests_in_every_targets_venv():
     # target's venv first and runs plugin/tests in each (a textual check of the Makefile passed while
     # the venvs were an empty list, PLUGIN_TARGETS being defined below the rule).
     database = subprocess.run(["make", "-pn", "test"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
-    prerequisites = re.search(r"^test: (.*)$", database, re.M).group(1).split()
-    assert all(f"venv-{name}" in prerequisites for name in listed), prerequisites
+    setup = re.search(r"for setup in (.*); do", database).group(1).split()
+    assert all(f"venv-{name}" in setup for name in listed), setup
     assert f"for target in {' '.join(listed)}; do" in database  # the recipe as make expands it
     assert ".venv-$target/bin/python -m pytest plugin/tests" in database
 

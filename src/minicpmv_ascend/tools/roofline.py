@@ -137,6 +137,38 @@ def compute_ceiling(cost: dict[str, Any], matmul_tflops: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
+# The bf16 matmul is sized to the machine: from MATMUL_SIZES, the first whose one product takes at
+# least MATMUL_MIN_S (big enough that the rate is the kernel's, not the call's overhead), and never
+# one whose product would take longer than MATMUL_BUDGET_S / repeats. A CPU with AVX-512 BF16 reaches
+# 4096 in ~0.1 s per product; one without (AVX2 only: torch's bf16 matmul at ~0.9 GFLOP/s against
+# ~39 in fp32) would spend ~2.5 minutes per 4096 product, 15 minutes for the best of 5.
+MATMUL_SIZES = (256, 512, 1024, 2048, 4096)
+MATMUL_MIN_S = 0.05
+MATMUL_BUDGET_S = 10.0
+
+
+def matmul_rate_bf16(repeats: int = 5, budget_s: float = MATMUL_BUDGET_S) -> tuple[float, int]:
+    """Best bf16 matmul rate in TFLOP/s and the size it was measured at, within about `budget_s`
+    (the doubling from one size to the next is at most 8x the work of the size before)."""
+    import torch
+
+    rate, n = 0.0, MATMUL_SIZES[0]
+    for n in MATMUL_SIZES:
+        a = torch.randn(n, n).to(torch.bfloat16)
+        b = torch.randn(n, n).to(torch.bfloat16)
+        start = time.perf_counter()
+        a @ b  # also the warm-up of this size
+        once = time.perf_counter() - start
+        rate = 2 * n**3 / once / 1e12
+        if once >= MATMUL_MIN_S or once * 8 * repeats > budget_s:
+            break
+    for _ in range(repeats if once * repeats <= budget_s else 1):
+        start = time.perf_counter()
+        a @ b
+        rate = max(rate, 2 * n**3 / (time.perf_counter() - start) / 1e12)
+    return rate, n
+
+
 def measure_hardware(threads: int = 2, buffer_mib: int = 1024, repeats: int = 5) -> dict[str, Any]:
     """Memory read bandwidth (sum over a buffer larger than the caches) and the bf16 matmul rate.
 
@@ -166,24 +198,17 @@ def measure_hardware(threads: int = 2, buffer_mib: int = 1024, repeats: int = 5)
         copy = max(copy, 2 * buf.nbytes / (time.perf_counter() - start) / 1e9)
     buf = dst = None  # free the buffers before the matmul (not `del`: read_gbs still names buf)
 
-    n = 4096
-    a = torch.randn(n, n).to(torch.bfloat16)
-    b = torch.randn(n, n).to(torch.bfloat16)
-    a @ b
-    tflops = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        tflops = max(tflops, 2 * n**3 / (time.perf_counter() - start) / 1e12)
+    tflops, n = matmul_rate_bf16(repeats)
     return {
         "source": "measured",
         "threads": threads,
         "mem_bandwidth_gbs": round(read, 2),
         "mem_bandwidth_1thread_gbs": round(one_thread, 2),
         "mem_copy_gbs": round(copy, 2),  # read + write; shown for comparison only
-        "matmul_tflops_bf16": round(tflops, 3),
+        "matmul_tflops_bf16": round(tflops, 4),
         "how": f"torch {torch.__version__}, {threads} threads: sum over a {buffer_mib} MiB float32 "
-               f"buffer (read bandwidth), bf16 {n}x{n} @ {n}x{n} matmul; best of {repeats}",
+               f"buffer (read bandwidth), bf16 {n}x{n} @ {n}x{n} matmul (sized to take >= "
+               f"{MATMUL_MIN_S} s, within ~{MATMUL_BUDGET_S:.0f} s); best of {repeats}",
     }
 
 
