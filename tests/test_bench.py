@@ -245,7 +245,7 @@ def test_per_request_mm_kwargs_need_a_trusting_server(server, tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=2)  # one A/B pair: A and B each start once
 def test_ab_entrypoint_vs_plain_vllm_serve_with_image_modes(tiny_checkpoint, tmp_path):
     """One A/B pair: both servers start, serve a 4x-mode image cell, and are stopped with their whole
     process group. The plain one is `vllm serve` with the command the entrypoint's plan execs."""

@@ -250,7 +250,7 @@ def stop_all(srv) -> None:
 # ------------------------------------------------------------------ overload, then SIGTERM
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path):
     """Five bursts of 64 concurrent mixed text/image requests against MAX_NUM_SEQS=4, then
     SIGTERM while two short and two long requests (one of them streaming) run, with
@@ -349,7 +349,7 @@ def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path
 # ------------------------------------------------------------------ slow start, engine death
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
     """While the model loads, the probes say "starting" (not ready, not a crash). Once ready, a
     burst against vLLM's --max-num-queued-reqs: the excess is refused with 503 at once. Then

@@ -69,7 +69,7 @@ def nginx_binary() -> str:
 
 
 @pytest.mark.server
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)  # the second card's server; the first is the shared one
 def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, nginx_binary, tmp_path) -> None:
     second = start_server(tiny_checkpoint, tmp_path / "second.log")
     nginx = None
@@ -144,7 +144,7 @@ def descendants_named(pid: int, name: str) -> list[int]:
     return found
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=2)  # one API server, two engine cores (DP 2)
 def test_data_parallel_serves_but_one_dead_engine_stops_the_whole_server(tiny_checkpoint, tmp_path) -> None:
     srv = start_server(tiny_checkpoint, tmp_path / "dp.log", DATA_PARALLEL_SIZE="2")
     try:

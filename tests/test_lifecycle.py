@@ -18,7 +18,7 @@ def cmdline(pid: int) -> list[str]:
     return pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 def test_default_model_is_served_with_a_random_weights_warning_and_sigterm_exits_0(tmp_path):
     """No MODEL_PATH: the launcher generates the embedded tiny checkpoint into the cache directory,
     says loudly that its weights are random, then execs vLLM in its own process."""

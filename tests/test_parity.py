@@ -221,7 +221,7 @@ def broken_run(tmp_path, tiny_checkpoint, server, checkpoint, *server_args):
     return report
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 @pytest.mark.server
 def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
     """insert_layer_id at the vision layer count: the vit_merger is never reached (docs/design/model.md, "Vision path")."""
@@ -233,7 +233,7 @@ def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint
     assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 @pytest.mark.server
 def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
     """A server whose image slicing differs (max_slice_nums 1 instead of the checkpoint's 9)."""
@@ -245,7 +245,7 @@ def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_ch
     assert "image-1084x820" in markdown and "token ids differ from index" in markdown
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 @pytest.mark.server
 def test_one_corrupted_weight_tensor_fails_the_text_subset(tmp_path, tiny_checkpoint, server):
     """Noise on one MLP weight of the text model (the kind of damage a bad conversion leaves)."""

@@ -119,7 +119,7 @@ ROTARY_RUN = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=2)  # two offline LLMs in one script: plain and M-RoPE
 def test_ascend_rotary_config_is_an_exact_noop(tiny_checkpoint, tmp_path):
     """The M-RoPE section the plugin gives the text config on Ascend (derived from the config: the
     tiny model's head_dim 64 x 0.25 = 16 rotary dims = 8 pairs -> [3, 3, 2]) changes the rotary
@@ -243,7 +243,7 @@ def test_one_token_prompt_logprobs_equal_the_longer_prompts(server):
     assert http_get(f"{server.base_url}/health")[0] == 200
 
 
-@pytest.mark.engine
+@pytest.mark.engine(engines=1)
 def test_one_token_prompt_kills_the_engine_without_the_plugin(tiny_checkpoint, tmp_path):
     """The bug, on the real server with MINICPMV_ASCEND_PLUGIN=off: a one-token prompt gets 500,
     the worker raised vLLM-CPU's layout error, and the server stops by itself (the fixed path is

@@ -3,7 +3,8 @@ test to the markers pyproject.toml registers, so that the unit tier (`make check
 starts no vLLM and loads no torch outside the pytest process, whatever a test's author remembered.
 
 - `server`: uses a shared vLLM server (the `server` or `other_server` fixture of tests/conftest.py).
-- `engine`: starts vLLM itself: a server, an engine core or an offline `vllm.LLM`.
+- `engine(engines=N)`: starts vLLM itself: a server, an engine core or an offline `vllm.LLM`, and
+  declares how many engine cores (model loads) it starts at most, API servers counted alike.
 - `slow`: needs torch but no vLLM server or engine: the torch-generated random-weight checkpoint
   (`tiny_checkpoint`), or a process of its own that loads torch (vLLM's argument parser, its app
   or protocol code, a dry run of the launcher: ~10 s each). Tests that only read the checkpoint's
@@ -14,7 +15,9 @@ must be marked `server`, and a test marked `server` must use one; a test that us
 carry one of the three markers. At run time, below this pytest process: a vLLM server or engine
 that appears during a test not marked `engine` (its setup, call or teardown; whatever started it:
 tests/conftest.py's start_server, entrypoint.py in a subprocess, the bench's A/B, an offline LLM
-in a script) fails the test and is killed; only the shared servers may start under `server`. A
+in a script) fails the test and is killed; only the shared servers may start under `server`. An
+`engine` test that starts more engine cores or API servers than its `engines=N` fails: each vLLM
+start costs 0.5-2 minutes on a 2-core machine, so the suite's budget cannot grow unseen. A
 process that loads torch during a test with none of the markers fails it too. At the end of the
 run, the vLLM servers and engines it started are listed by test: what the run costs.
 """
@@ -28,6 +31,7 @@ import psutil
 import pytest
 
 MARKERS = ("server", "engine", "slow")
+VLLM_TITLE = "VLLM::"  # how vLLM titles its engine and worker processes (tests/test_tiers.py swaps it)
 SHARED_SERVERS = {"server", "other_server"}  # the fixtures of tests/conftest.py
 POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
@@ -48,7 +52,7 @@ def vllm_process(proc: psutil.Process) -> str | None:
         argv = proc.cmdline()
     except psutil.Error:
         return None
-    if argv and argv[0].startswith("VLLM::"):
+    if argv and argv[0].startswith(VLLM_TITLE):
         return argv[0].split()[0]
     for i, arg in enumerate(argv[:-1]):
         if (arg == "minicpmv_ascend.vllm_cli" or os.path.basename(arg) == "vllm") and argv[i + 1] == "serve":
@@ -72,6 +76,8 @@ class Watch:
         self.item = item
         marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
         self.may_start_vllm = "engine" in marked
+        self.engines_allowed = engines_declared(item) if self.may_start_vllm else 0
+        self.counts = {"vllm serve": 0, "engine core": 0}
         self.may_load_torch = bool(marked)
         self.me = psutil.Process()
         self.before = {p.pid for p in self.me.children(recursive=True)}
@@ -108,10 +114,21 @@ class Watch:
                     if not (self.may_start_vllm or shared):
                         self._violation(proc, f"vLLM started ({kind}): mark it `engine`, or use the shared "
                                               "`server` fixture if it only sends requests")
+                    elif not shared and self._over_budget(kind):
+                        self._violation(proc, f"vLLM started ({kind}) beyond the test's declared "
+                                              f"engines={self.engines_allowed}: share a server, or declare "
+                                              "what the test needs and say why")
                 elif not self.may_load_torch and loads_torch(proc):
                     self.seen.add(proc.pid)
                     self._violation(proc, "a process that loads torch started: mark it `slow` (or "
                                           "`server`/`engine` if that is what it needs)")
+
+    def _over_budget(self, kind: str) -> bool:
+        counted = "vllm serve" if kind == "vllm serve" else "engine core" if kind.startswith(f"{VLLM_TITLE}EngineCore") else None
+        if counted is None:
+            return False
+        self.counts[counted] += 1
+        return self.counts[counted] > self.engines_allowed
 
     def _violation(self, proc: psutil.Process, what: str) -> None:
         try:
@@ -139,10 +156,19 @@ def kill_tree(proc: psutil.Process) -> None:
             pass
 
 
+def engines_declared(item: pytest.Item) -> int | None:
+    """The `engines=N` of an `engine` test's marker (None when missing or not a positive int)."""
+    value = item.get_closest_marker("engine").kwargs.get("engines")
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
     for item in items:
         marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
+        if "engine" in marked and engines_declared(item) is None:
+            problems.append(f"{item.nodeid}: marked `engine` without `engines=N` (a positive int): declare how "
+                            "many vLLM engine cores it starts at most")
         fixtures = set(getattr(item, "fixturenames", ()))
         shared = sorted(SHARED_SERVERS & fixtures)
         if shared and "server" not in marked:
@@ -184,7 +210,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_terminal_summary(terminalreporter) -> None:
     servers = sum(kind == "vllm serve" for _, kind in _started)
-    engines = sum(kind.startswith("VLLM::EngineCore") for _, kind in _started)
+    engines = sum(kind.startswith(f"{VLLM_TITLE}EngineCore") for _, kind in _started)
     terminalreporter.section("vLLM started by this run")
     terminalreporter.write_line(f"{servers} API servers, {engines} engine cores" + (", by test:" if _started else ""))
     by_test: dict[str, list[str]] = {}

@@ -1,0 +1,61 @@
+"""tests/tiers.py itself: an `engine` test declares how many vLLM engines it starts, and starting more
+fails it. The inner pytest runs start stand-ins named the way vLLM titles its engine process
+(`VLLM::EngineCore`, set with `exec -a`), which is what the tiers plugin recognises; no vLLM runs.
+The inner runs recognise another title, so that this outer run does not count their stand-ins."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+INNER = '''
+import subprocess, time
+import pytest
+
+def start_engines(n):  # stand-ins titled like vLLM's engine core
+    procs = [subprocess.Popen(["bash", "-c", 'exec -a "STAND-IN-VLLM::EngineCore_0" sleep 5']) for _ in range(n)]
+    time.sleep(1.5)  # the plugin samples every 0.5 s
+    for p in procs:
+        p.kill()
+        p.wait()
+
+@pytest.mark.engine(engines=1)
+def test_one_engine_as_declared():
+    start_engines(1)
+
+@pytest.mark.engine(engines=1)
+def test_two_engines_over_a_budget_of_one():
+    start_engines(2)
+
+@pytest.mark.engine(engines=2)
+def test_two_engines_as_declared():
+    start_engines(2)
+'''
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
+                          "def pytest_configure(config):\n    config.pluginmanager.register(tiers, 'tiers')\n")
+    pytester.makeini("[pytest]\nmarkers =\n    server\n    engine\n    slow\n")
+    return pytester
+
+
+def test_an_engine_test_starting_more_engines_than_it_declares_fails(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_inner=INNER)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*test_two_engines_over_a_budget_of_one*beyond the test's declared engines=1*"])
+
+
+@pytest.mark.parametrize("marker", ["engine", "engine(engines=0)", "engine(engines='2')"])
+def test_an_engine_test_without_a_budget_is_refused_at_collection(inner: pytest.Pytester, marker: str) -> None:
+    inner.makepyfile(test_inner=f"import pytest\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*marked `engine` without `engines=N`*"])
