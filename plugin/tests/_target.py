@@ -71,6 +71,12 @@ class Target:
     def needs(self, patch: str) -> bool:
         return patch in NEEDED[self.vllm]
 
+    @property
+    def first_with_its_transformers(self) -> bool:
+        """Whether no earlier target of the table pins the same transformers: a test of transformers
+        alone (no vLLM code) proves nothing new on a second target with the same pin."""
+        return next(t for t in targets().values() if t.transformers_pin == self.transformers_pin) == self
+
     def processing_fixes(self, *leave_out: str) -> tuple[str, ...]:
         """The processing backports this target needs (what the plugin applies), minus `leave_out`."""
         return tuple(p for p in PROCESSING_PATCHES if self.needs(p) and p not in leave_out)

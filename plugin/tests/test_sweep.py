@@ -17,6 +17,8 @@ import math
 import random
 import time
 
+import pytest
+
 from _target import IMAGE_PAD, REPO, hf_image_ids, hf_processor
 
 N_SIZES = 2048
@@ -46,7 +48,10 @@ def request_kwargs(index: int, mode: str, with_max_slices: bool) -> dict[str, ob
     return kwargs
 
 
-def test_sizing_only_reference_is_transformers(checkpoint):
+def test_sizing_only_reference_is_transformers(checkpoint, target):
+    if not target.first_with_its_transformers:
+        pytest.skip(f"transformers {target.transformers_pin} alone, no vLLM code: proven on the first target "
+                    "that pins it")
     stock, fast = hf_processor(checkpoint), hf_processor(checkpoint, sizing_only=True)
     sizes = sweep_sizes()[:: N_SIZES // 24]
     for index, (w, h) in enumerate(sizes[:1] + sizes):
