@@ -76,7 +76,13 @@ bench: venv
 # code (plugin/tests, once per target venv), then everything else. All always run; the target fails
 # if any fails. Every phase is timed, the venv builds too, and the table is printed at the end
 # (docs/development.md has a measured one); a setup phase that is already built takes a second.
+# Every test's time goes to $(TEST_TIMES) (JUnit XML); `python3 scripts/test_times.py
+# $(TEST_TIMES)/*.xml` makes the per-file table.
 TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
+TEST_TIMES := build/test-times
+# Not $(MAKE) in the recipe: make runs a line naming $(MAKE) even under `make -n`, and this line runs
+# the tests.
+SETUP_MAKE := $(MAKE) --no-print-directory
 test:
 	@status=0; phases=""; \
 	timed() { local name=$$1 start=$$(date +%s) rc=0; shift; "$$@" || rc=$$?; \
@@ -86,15 +92,15 @@ test:
 	report() { printf '== make test phases\n%s' "$$phases"; }; \
 	start=$$(date +%s); \
 	for setup in $(TEST_SETUP); do \
-		timed "make $$setup" $(MAKE) --no-print-directory $$setup || { status=$$?; report; exit $$status; }; \
+		timed "make $$setup" $(SETUP_MAKE) $$setup || { status=$$?; report; exit $$status; }; \
 	done; \
 	timed ruff $(RUFF) || status=$$?; \
 	for target in $(PLUGIN_TARGETS); do \
 		echo "== plugin/tests against $$target (.venv-$$target)"; \
-		timed "plugin/tests $$target" .venv-$$target/bin/python -m pytest plugin/tests $(PYTEST_ARGS_PLUGIN) \
-			|| status=$$?; \
+		timed "plugin/tests $$target" .venv-$$target/bin/python -m pytest plugin/tests \
+			--junitxml=$(TEST_TIMES)/plugin-$$target.xml $(PYTEST_ARGS_PLUGIN) || status=$$?; \
 	done; \
-	timed tests/ $(VPY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	timed tests/ $(VPY) -m pytest --junitxml=$(TEST_TIMES)/tests.xml $(PYTEST_ARGS) || status=$$?; \
 	phases+=$$(printf '%-24s %5d s' total $$(( $$(date +%s) - start ))); \
 	report; echo; exit $$status
 

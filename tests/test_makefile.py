@@ -184,3 +184,20 @@ def test_make_test_prints_every_phase_with_its_seconds_and_failures() -> None:
     table = result.stdout[result.stdout.index("== make test phases"):].splitlines()[1:]
     assert [line.split()[0] for line in table] == ["ruff", "tests/", "total"], table
     assert re.fullmatch(r"ruff +\d+ s", table[0]) and re.fullmatch(r"tests/ +\d+ s  exit 1", table[1]), table
+
+
+def test_test_times_tables_each_file_and_the_slowest_tests(tmp_path) -> None:
+    """scripts/test_times.py on a JUnit file like the ones make test writes: seconds per file,
+    summed over its tests, largest first, then the slowest tests."""
+    junit = tmp_path / "tests.xml"
+    junit.write_text('<testsuites><testsuite name="pytest">'
+                     '<testcase classname="tests.test_a" name="test_one" time="1.5"/>'
+                     '<testcase classname="tests.test_b" name="test_two" time="7.25"/>'
+                     '<testcase classname="tests.test_a" name="test_three" time="2.0"/>'
+                     '</testsuite></testsuites>')
+    out = subprocess.run(["python3", "scripts/test_times.py", str(junit), "--top", "1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "### tests: 3 tests, 11 s" in out
+    rows = [line for line in out.splitlines() if line.startswith("| tests/")]
+    assert rows == ["| tests/test_b.py | 1 | 7 | 67 % |", "| tests/test_a.py | 2 | 4 | 33 % |",
+                    "| tests/test_b::test_two | 7.2 |"], out
