@@ -59,3 +59,25 @@ def test_an_engine_test_without_a_budget_is_refused_at_collection(inner: pytest.
     result = inner.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*marked `engine` without `engines=N`*"])
+
+
+FORK = '''
+import os, time
+import torch  # mapped into this process, so into a fork of it too
+
+def test_a_fork_that_has_not_exec_d_is_not_a_process_that_loads_torch():
+    pid = os.fork()
+    if pid == 0:  # what subprocess's child is between fork and exec, held for 3 scans
+        time.sleep(1.5)
+        os._exit(0)
+    os.waitpid(pid, 0)
+'''
+
+
+@pytest.mark.slow  # the inner pytest imports torch
+def test_a_fork_of_pytest_before_its_exec_is_not_flagged(inner: pytest.Pytester) -> None:
+    """A subprocess started from a pytest process that has imported torch is, between fork and exec,
+    a copy of pytest with torch mapped: judged then, any unmarked test that ran a command failed
+    and the command was killed (seen on a loaded machine: kubectl killed with -9, 89 errors)."""
+    inner.makepyfile(test_inner=FORK)
+    inner.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -80,6 +80,7 @@ class Watch:
         self.counts = {"vllm serve": 0, "engine core": 0}
         self.may_load_torch = bool(marked)
         self.me = psutil.Process()
+        self.my_cmdline = self.me.cmdline()
         self.before = {p.pid for p in self.me.children(recursive=True)}
         self.seen: set[int] = set()
         self.violations: list[str] = []
@@ -102,7 +103,11 @@ class Watch:
                 if proc.pid in self.before or proc.pid in self.seen:
                     continue
                 # A process that is neither (yet) is looked at again next time: a launcher may
-                # exec vLLM, a script import torch, after a while.
+                # exec vLLM, a script import torch, after a while. So is a fork of this process
+                # that has not exec'd yet (subprocess's child between fork and exec): it has
+                # this process's command line and, where pytest has imported torch, its mappings.
+                if self._unexeced_fork(proc):
+                    continue
                 kind = vllm_process(proc)
                 if kind is not None:
                     self.seen.add(proc.pid)
@@ -122,6 +127,12 @@ class Watch:
                     self.seen.add(proc.pid)
                     self._violation(proc, "a process that loads torch started: mark it `slow` (or "
                                           "`server`/`engine` if that is what it needs)")
+
+    def _unexeced_fork(self, proc: psutil.Process) -> bool:
+        try:
+            return proc.cmdline() == self.my_cmdline
+        except psutil.Error:
+            return True  # gone, or not readable yet: looked at again next time
 
     def _over_budget(self, kind: str) -> bool:
         counted = "vllm serve" if kind == "vllm serve" else "engine core" if kind.startswith(f"{VLLM_TITLE}EngineCore") else None
