@@ -14,7 +14,9 @@ would run the tool with missing arguments. vLLM (0.23 - 0.33) can hand out exact
 `enable_auto_tool_choice` is on, rewrites the answers to requests that declare `tools` (Chat
 Completions, and its SageMaker alias /invocations):
 - non-streaming: a call is removed when its arguments are not a JSON object holding every
-  `required` parameter of its tool; a turn that reached the request's token limit (n=1) reports
+  `required` parameter of its tool, or break the tool's JSON schema (`jsonschema`: types, `enum`,
+  `const`, `additionalProperties`, bounds, `pattern`; a second line behind the grammar, which
+  already holds the schema for forced calls: plugin json-whitespace, docs/applications.md); a turn that reached the request's token limit (n=1) reports
   `"length"`, not `"tool_calls"`, and a turn left without calls never reports `"tool_calls"`.
   (vLLM's qwen3_coder parser, 0.30 and 0.32, keeps a parameter only once its value is closed, so a
   cut call shows up as missing parameters, never as a cut value);
@@ -94,7 +96,29 @@ def argument_problem(call: dict[str, Any], tools: dict[str, dict[str, Any]]) -> 
         return "the arguments are not a JSON object"
     schema = tools.get(function.get("name"), {})
     missing = [name for name in schema.get("required") or [] if name not in arguments]
-    return f"required arguments missing: {', '.join(missing)}" if missing else None
+    if missing:
+        return f"required arguments missing: {', '.join(missing)}"
+    return schema_problem(arguments, schema)
+
+
+def schema_problem(arguments: dict[str, Any], schema: Any) -> str | None:
+    """The first way `arguments` break the tool's JSON schema (`jsonschema`, the draft the schema
+    names, 2020-12 by default); None when they satisfy it, or when the schema itself is not one
+    jsonschema can check (vLLM accepted it; the grammar is then the only line)."""
+    import jsonschema  # vLLM's own requirement: in every lock and image
+    import referencing.exceptions  # jsonschema's
+
+    if not isinstance(schema, dict) or not schema:
+        return None
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, TypeError, ValueError):
+        return None
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path) or "(arguments)"
+    return f"arguments break the tool's schema at {where}: {error.message}"
 
 
 def _token_limit(request: dict[str, Any]) -> int | None:
