@@ -215,7 +215,8 @@ PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
     summary=f"xgrammar JSON and tool-call grammars: at most {MAX_WHITESPACE} whitespace characters in a row "
-            "(no endless whitespace under structured output or forced tool calls)",
+            "(no endless whitespace under structured output or forced tool calls); forced calls: no whitespace "
+            "around argument values (the tool's schema holds), a required call may end the answer",
     upstream="vllm-project/vllm#38696 (open); fix proposed in #44619",
     check=check,
     apply=apply,
