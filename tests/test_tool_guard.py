@@ -170,3 +170,21 @@ def test_a_call_that_breaks_its_tools_schema_is_removed():
             call({"city": " Paris\r "})]}}]}
     assert tool_calls.fix_completion(response, request)
     assert response["choices"][0]["message"]["tool_calls"] == [] and response["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_refs_are_inlined_for_vllms_parser():
+    """pydantic's nested model is a `$ref` (openai.pydantic_function_tool): vLLM's parser reads an
+    argument behind it as a string (seen on 0.32: `"place": "{\\"unit\\": \\"m\\"}"`); inlined, the
+    parser sees `type: object`. A recursive reference stays a reference, with its definitions."""
+    place = {"type": "object", "properties": {"unit": {"enum": ["m", "km"]}}, "required": ["unit"]}
+    schema = {"$defs": {"Place": place}, "type": "object", "required": ["place"],
+              "properties": {"place": {"$ref": "#/$defs/Place", "description": "where"}}}
+    assert tool_calls.inline_refs(schema) == {"type": "object", "required": ["place"],
+                                              "properties": {"place": {**place, "description": "where"}}}
+    tree = {"$defs": {"Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/Node"}}}},
+            "type": "object", "properties": {"root": {"$ref": "#/$defs/Node"}}}
+    inlined = tool_calls.inline_refs(tree)
+    assert inlined["properties"]["root"]["properties"]["child"] == {"$ref": "#/$defs/Node"} and "$defs" in inlined
+    request = {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+    assert tool_calls._inline_tool_refs(request) and "$ref" not in json.dumps(request)
+    assert not tool_calls._inline_tool_refs(request)
