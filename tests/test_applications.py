@@ -9,6 +9,9 @@ default settings but for image URLs: `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`).
   `tool_choice=auto` on the model's own output format: tests/test_tool_parsing.py.
 - Structured output with thinking on (reasoning first, then the constrained answer) and off, and
   which backend compiled it.
+- Forced calls within their tool's whole schema (issue 20): 56 answers of the random model through
+  the guard and past it; the frameworks applications use (the openai client's `parse`, LangChain's
+  `ChatOpenAI` from .venv-apps as a client process: tests/framework_client.py).
 
 Random weights: answers are noise. Tests check types, shapes, and what the constraints guarantee.
 """
