@@ -55,8 +55,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("n", "`n` > 1 (several choices)", "yes", "each choice costs a full generation", "on"),
     Feature("tools", "Tool calling: `tools` with `tool_choice` auto, required, a named function, none; "
             "parallel calls; `tool` result messages",
-            "yes, streaming too; forced calls follow the tool's JSON schema; a call cut by "
-            "`max_tokens` or missing a required argument is not handed out (`finish_reason: \"length\"`)",
+            "yes, streaming too; forced calls follow the tool's whole JSON schema and end (`finish_reason` "
+            "`\"tool_calls\"` for required, `\"stop\"` for a named function, as OpenAI's); a call cut by "
+            "`max_tokens` or breaking its schema is not handed out (`finish_reason: \"length\"` when cut)",
             "with thinking on, a forced call starts after `</think>`: give room or set "
             "`thinking_token_budget`; argument values are the model's (for strings it decides where they end)",
             "on (`ENABLE_AUTO_TOOL_CHOICE`, `TOOL_STRICT_LEVEL`)"),
