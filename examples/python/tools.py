@@ -64,7 +64,7 @@ def main() -> int:
         for call in message.tool_calls:
             arguments = json.loads(call.function.arguments)
             print(f"tool_call: {call.function.name} {json.dumps(arguments)}")
-            result = get_weather(**{k: str(v).strip() for k, v in arguments.items()})
+            result = get_weather(**arguments)
             print(f"tool_result: {json.dumps(result)}")
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
         final = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="auto",

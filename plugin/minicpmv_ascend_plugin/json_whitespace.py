@@ -18,6 +18,23 @@ Fix: vLLM's xgrammar compiler is wrapped so that JSON schemas compiled with `any
 bound gets the same bound. 8 keeps pretty-printed JSON (a newline and an indent) legal; a longer run
 becomes illegal, so the matcher forces the next structural token. Text inside strings is unaffected.
 
+Forced tool calls (the qwen_3_coder structural tag vLLM 0.30 and 0.32 build, xgrammar 0.2.8's
+`qwen_xml` style) need two more changes to hold the tool's schema and to end:
+- the grammar lets whitespace surround a parameter value (`<parameter=city>` `[ \n\r\t]*` value
+  `[ \n\r\t]*` `</parameter>`), and vLLM's qwen3_coder parser strips one leading and one trailing
+  newline only: the random model's `" Paris\r "` reached the client as a string outside the enum.
+  Each such `json_schema` element of a tool-call tag (`<tool_call>\n<function=NAME>\n` ...
+  `\n</function>\n</tool_call>`) becomes the same grammar (xgrammar's own EBNF for it) with exactly
+  the chat template's newline on each side of a value (`>\n` value `\n</parameter>`), at most one
+  newline between parameters and none after the last: the value the parser hands out is the value
+  the schema's grammar accepted (types, enum, const, pattern, string bounds, nested objects and
+  arrays as xgrammar compiles them);
+- `tool_choice=required` is a `triggered_tags` element (at least one call first, then any text until
+  the next call): after its call the answer could not end except by the model choosing to, so the
+  random model wrote free text to max_tokens. It becomes `tags_with_separator` (the same tags,
+  separated by the template's newline, nothing else): after a complete call the answer ends or
+  another call (parallel calls allowed) follows.
+
 Applies when: vLLM's xgrammar backend source never mentions `max_whitespace_cnt` and the installed
 xgrammar supports it (read from source in register(); applied when vLLM imports the backend, in
 the engine process).
@@ -28,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from ._base import AT_REGISTER, Patch, package_dir, source_of, wrap_once
@@ -61,6 +79,85 @@ def bound_structural_tag(spec: Any) -> Any:
     return spec  # the deprecated (tags, triggers) form carries bare schemas: left as vLLM sends them
 
 
+# The qwen_3_coder tool-call tag (xgrammar's builtin, the chat template's format).
+TOOL_CALL_BEGIN, TOOL_CALL_END = "<tool_call>\n<function=", "\n</function>\n</tool_call>"
+_WS = r"whitespace(?:_\d+)?\{0, \d+\}"  # how xgrammar 0.2.8 prints a bounded whitespace run
+_TIGHTEN = (
+    # after `<parameter=NAME>`: exactly the template's newline before the value
+    (re.compile(rf'((?:"<parameter=[^"]*"|"<parameter=" xml_variable_name) ">") {_WS}'), r'\1 "\\n"'),  # (a template: \\n is the EBNF escape)
+    # after the value: exactly one newline before `</parameter>`
+    (re.compile(rf'{_WS} "</parameter>"'), r'"\\n" "</parameter>"'),
+    # before a parameter: at most the template's one newline
+    (re.compile(rf'{_WS} ("<parameter=)'), r'"\\n"? \1'),
+    # after the last parameter: nothing (the tag's end brings its own newline)
+    (re.compile(rf'("</parameter>"(?: root_part_\d+| xml_object_properties\{{0, -1\}})?) {_WS}'), r"\1"),
+)
+
+
+def _is_tool_call_tag(node: Any) -> bool:
+    content = node.get("content") if isinstance(node, dict) else None
+    return (node.get("type") == "tag" and str(node.get("begin", "")).startswith(TOOL_CALL_BEGIN)
+            and node.get("end") == TOOL_CALL_END and isinstance(content, dict)
+            and content.get("type") == "json_schema" and content.get("style") == "qwen_xml")
+
+
+# An EBNF token: a string literal, a character class, or a name.
+_EBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z_][A-Za-z0-9_]*')
+
+
+def _prefixed_rules(ebnf: str, prefix: str) -> str:
+    """Every rule but `root` renamed with `prefix`: xgrammar 0.2.8 merging a `grammar` element into
+    a structural tag renames clashing rules into names that clash again (`root_1` -> `root_1_1`,
+    which a pattern's rule already is), so each embedded grammar gets names of its own."""
+    names = set(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", ebnf, re.MULTILINE)) - {"root"}
+    return _EBNF_TOKEN.sub(lambda m: prefix + m.group(0) if m.group(0) in names else m.group(0), ebnf)
+
+
+@functools.lru_cache(maxsize=256)
+def tight_parameters_grammar(content: str, prefix: str = "") -> str | None:
+    """EBNF for a tool call's `qwen_xml` arguments (a json_schema element, as JSON text) without
+    whitespace around values, its rules renamed with `prefix`; None when xgrammar prints a form
+    these rules do not know (the element is then left as vLLM built it)."""
+    import xgrammar
+
+    element = {**json.loads(content), "max_whitespace_cnt": MAX_WHITESPACE}
+    ebnf = str(xgrammar.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": element})))
+    counts = []
+    for pattern, replacement in _TIGHTEN:
+        ebnf, count = pattern.subn(replacement, ebnf)
+        counts.append(count)
+    if not all(counts[:2]) or re.search(rf'">" {_WS}|{_WS} "</parameter>"', ebnf):
+        return None
+    return _prefixed_rules(ebnf, prefix)
+
+
+def tighten_tool_calls(spec: Any) -> Any:
+    """The structural tag with its qwen_3_coder tool calls tightened (module docstring); any other
+    structural tag (a client's own) unchanged. JSON text in, JSON text out; a dict likewise."""
+    data = json.loads(spec) if isinstance(spec, str) else json.loads(json.dumps(spec)) if isinstance(spec, dict) else None
+    if data is None:
+        return spec
+    calls: list[Any] = []
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        if not isinstance(node, dict):
+            return node
+        if _is_tool_call_tag(node):
+            calls.append(node)
+            grammar = tight_parameters_grammar(json.dumps(node["content"]), f"call{len(calls)}_")
+            return node if grammar is None else {**node, "content": {"type": "grammar", "grammar": grammar}}
+        if (node.get("type") == "triggered_tags" and node.get("at_least_one") and node.get("triggers") == [TOOL_CALL_BEGIN]
+                and node.get("tags") and all(_is_tool_call_tag(tag) for tag in node["tags"])):
+            return {"type": "tags_with_separator", "tags": walk(node["tags"]), "separator": "\n",
+                    "at_least_one": True, "stop_after_first": bool(node.get("stop_after_first"))}
+        return {key: walk(value) for key, value in node.items()}
+
+    tightened = walk(data)
+    return json.dumps(tightened) if isinstance(spec, str) else tightened
+
+
 class BoundedWhitespaceCompiler:
     """xgrammar's GrammarCompiler with the whitespace bound added; everything else is the original's."""
 
@@ -74,7 +171,7 @@ class BoundedWhitespaceCompiler:
 
     def compile_structural_tag(self, spec: Any, *args: Any, **kwargs: Any) -> Any:
         if not args and not kwargs:
-            spec = bound_structural_tag(spec)
+            spec = bound_structural_tag(tighten_tool_calls(spec))
         return self._compiler.compile_structural_tag(spec, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -118,7 +215,8 @@ PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
     summary=f"xgrammar JSON and tool-call grammars: at most {MAX_WHITESPACE} whitespace characters in a row "
-            "(no endless whitespace under structured output or forced tool calls)",
+            "(no endless whitespace under structured output or forced tool calls); forced calls: no whitespace "
+            "around argument values (the tool's schema holds), a required call may end the answer",
     upstream="vllm-project/vllm#38696 (open); fix proposed in #44619",
     check=check,
     apply=apply,

@@ -8,7 +8,10 @@ forced tool call (`tool_choice=required` through the launcher's default parsers,
 structured-output request; key and compile as the engine does, `get_structured_output_key` ->
 `compile_grammar`). Without the plugin each grammar allows whitespace without end where the
 random model loops (vllm-project/vllm#38696); with it, at most json_whitespace.MAX_WHITESPACE in
-a row. tests/test_json_whitespace.py shows the same on vLLM 0.32's grammars, and
+a row. The forced call's schema (issue 20): on 0.30's structural tag vLLM lets whitespace surround
+an argument value (`" Paris\\r "` for an enum of `Paris`) and text follow a `required` call; the
+plugin's tightened tag refuses both. 0.23 forces calls through the JSON-schema path, which holds
+the schema itself. tests/test_json_whitespace.py shows the same on vLLM 0.32's grammars, and
 tests/test_applications.py forced calls and JSON schemas ending on 0.32's server.
 """
 
@@ -52,13 +55,35 @@ CODE = textwrap.dedent("""
 
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                    tools=tools, tool_choice="required")
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}}]
     parser_cls = ParserManager.get_parser(tool_parser_name=settings.SETTINGS_BY_NAME["tool_call_parser"].default,
                                           reasoning_parser_name=settings.auto_reasoning_parser(), enable_auto_tools=True)
-    request = parser_cls(tokenizer, request.tools).adjust_request(request)
-    forced = get_structured_output_key(request.structured_outputs)
+
+    def forced_key(choice):
+        request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                        tools=tools, tool_choice=choice)
+        request = parser_cls(tokenizer, request.tools).adjust_request(request)
+        return get_structured_output_key(request.structured_outputs)
+
+    def call(key, choice, value):
+        # a structural tag: the call as the chat template writes it (value inside the template's
+        # newlines); the JSON path: its array (required) or the arguments (a named function)
+        if key[0] == StructuredOutputOptions.STRUCTURAL_TAG:
+            return f"<tool_call>\\n<function=get_weather>\\n<parameter=city>\\n{value}\\n</parameter>\\n</function>\\n</tool_call>"
+        arguments = json.dumps({"city": value})
+        return f'[{{"name": "get_weather", "parameters": {arguments}}}]' if choice == "required" else arguments
+
+    def schema_held(choice):
+        key = forced_key(choice)
+        held = {}
+        for name, value, more in (("Paris", "Paris", ""), (" Paris\\\\r ", " Paris\\r ", ""),
+                                  ("text after the call", "Paris", " Sure.")):
+            matcher = backend.compile_grammar(*key).matcher
+            held[name] = bool(matcher.accept_string(call(key, choice, value) + more)) and matcher.is_completed()
+        return held
+
+    forced = forced_key("required")
     out = {
         "json_schema": whitespace_accepted((StructuredOutputOptions.JSON, json.dumps(schema)), '{"answer"'),
         "json_object": whitespace_accepted(get_structured_output_key(StructuredOutputsParams(json_object=True)), "{"),
@@ -67,6 +92,8 @@ CODE = textwrap.dedent("""
         "forced_call": whitespace_accepted(forced, "<tool_call>\\n<function=get_weather>\\n"
                                            if forced[0] == StructuredOutputOptions.STRUCTURAL_TAG else '[{"name"'),
         "backend_compiler": type(backend.compiler).__name__,
+        "required": schema_held("required"),
+        "named": schema_held({"type": "function", "function": {"name": "get_weather"}}),
     }
     print("RESULT " + json.dumps(out))
 """)
@@ -86,8 +113,17 @@ def test_structured_output_whitespace_without_and_with_the_plugin(checkpoint, ta
     code = CODE.replace("sys.argv[1], int(sys.argv[2])", f"{str(checkpoint)!r}, {LIMIT}")
     bug, fixed = results_each(code, PLUGIN_OFF, None)
     kind = FORCED_CALL[target.vllm]
+    tag = kind == "STRUCTURAL_TAG"
+    # the forced call's schema: on the structural tag (0.30) whitespace around a value and text after
+    # a required call are vLLM's bug, the tightened tag refuses both; the JSON path (0.23) holds the
+    # schema itself (a JSON string is the value, quotes included) and ends after its array
+    spaced_bug = {"Paris": True, " Paris\\r ": tag, "text after the call": False}
+    required_bug = {**spaced_bug, "text after the call": tag}
+    held = {"Paris": True, " Paris\\r ": False, "text after the call": False}
     assert bug == {"json_schema": LIMIT, "json_object": LIMIT, "forced_call_kind": kind, "forced_call": LIMIT,
-                   "backend_compiler": "GrammarCompiler"}  # the bug: no end
+                   "backend_compiler": "GrammarCompiler", "required": required_bug, "named": spaced_bug}  # the bug
     bound = json_whitespace.MAX_WHITESPACE
-    assert fixed == {"json_schema": bound, "json_object": bound, "forced_call_kind": kind, "forced_call": bound,
-                     "backend_compiler": "BoundedWhitespaceCompiler"}
+    assert fixed == {"json_schema": bound, "json_object": bound, "forced_call_kind": kind,
+                     # the tightened tag: before a parameter only the template's newline, no `\\r`
+                     "forced_call": 0 if tag else bound,
+                     "backend_compiler": "BoundedWhitespaceCompiler", "required": held, "named": held}

@@ -173,7 +173,9 @@ def _field(obj: Any, path: str) -> Any:
 
 
 def reasoning_of(message: dict[str, Any]) -> str | None:
-    """vLLM >= 0.30 names the field `reasoning`; older releases `reasoning_content`."""
+    """The thinking of an answer. Every vLLM the kit runs (0.23, 0.30, 0.32) serves it as `reasoning`
+    only (vLLM renamed `reasoning_content` in vllm-project/vllm#27752 and removed it in #33402);
+    `reasoning_content` is still read for a proxy in front of the server that renames it."""
     value = message.get("reasoning")
     return value if value is not None else message.get("reasoning_content")
 

@@ -14,7 +14,9 @@ would run the tool with missing arguments. vLLM (0.23 - 0.33) can hand out exact
 `enable_auto_tool_choice` is on, rewrites the answers to requests that declare `tools` (Chat
 Completions, and its SageMaker alias /invocations):
 - non-streaming: a call is removed when its arguments are not a JSON object holding every
-  `required` parameter of its tool; a turn that reached the request's token limit (n=1) reports
+  `required` parameter of its tool, or break the tool's JSON schema (`jsonschema`: types, `enum`,
+  `const`, `additionalProperties`, bounds, `pattern`; a second line behind the grammar, which
+  already holds the schema for forced calls: plugin json-whitespace, docs/applications.md); a turn that reached the request's token limit (n=1) reports
   `"length"`, not `"tool_calls"`, and a turn left without calls never reports `"tool_calls"`.
   (vLLM's qwen3_coder parser, 0.30 and 0.32, keeps a parameter only once its value is closed, so a
   cut call shows up as missing parameters, never as a cut value);
@@ -26,6 +28,11 @@ Completions, and its SageMaker alias /invocations):
   events pass unchanged.
 So a call cut before its required arguments is never handed out, and a cut turn says `"length"`:
 raise max_tokens (with thinking on, or bound the thinking with `thinking_token_budget`).
+
+On the way in, a request whose tools' parameters use local `$ref`s (pydantic's nested models,
+`openai.pydantic_function_tool`) gets them inlined (`inline_refs`): vLLM's parser reads an
+argument behind a `$ref` as a string, so a nested object the grammar wrote correctly reached the
+client as a JSON string inside the arguments.
 
 Everything else passes through byte for byte: other routes, requests without `tools`, errors.
 """
@@ -94,7 +101,29 @@ def argument_problem(call: dict[str, Any], tools: dict[str, dict[str, Any]]) -> 
         return "the arguments are not a JSON object"
     schema = tools.get(function.get("name"), {})
     missing = [name for name in schema.get("required") or [] if name not in arguments]
-    return f"required arguments missing: {', '.join(missing)}" if missing else None
+    if missing:
+        return f"required arguments missing: {', '.join(missing)}"
+    return schema_problem(arguments, schema)
+
+
+def schema_problem(arguments: dict[str, Any], schema: Any) -> str | None:
+    """The first way `arguments` break the tool's JSON schema (`jsonschema`, the draft the schema
+    names, 2020-12 by default); None when they satisfy it, or when the schema itself is not one
+    jsonschema can check (vLLM accepted it; the grammar is then the only line)."""
+    import jsonschema  # vLLM's own requirement: in every lock and image
+    import referencing.exceptions  # jsonschema's
+
+    if not isinstance(schema, dict) or not schema:
+        return None
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, TypeError, ValueError):
+        return None
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path) or "(arguments)"
+    return f"arguments break the tool's schema at {where}: {error.message}"
 
 
 def _token_limit(request: dict[str, Any]) -> int | None:
@@ -153,6 +182,51 @@ def fix_chunk(chunk: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------------------------
 # The middleware
 # --------------------------------------------------------------------------------------------
+
+
+def inline_refs(schema: Any) -> Any:
+    """The schema with its local `$ref`s (`#/$defs/...`, `#/definitions/...`) replaced by what they
+    point to (siblings of a `$ref` kept), and `$defs`/`definitions` dropped once nothing refers to
+    them; a recursive reference stays a reference. vLLM's qwen3_coder parser types an argument by
+    its schema's `type` and reads one behind a `$ref` as a string: pydantic's nested model
+    (`openai.pydantic_function_tool`) came out as `"place": "{\\"unit\\": \\"m\\"}"`, which breaks
+    the schema the grammar had held."""
+    if not isinstance(schema, dict):
+        return schema
+    defs = {f"#/{key}/{name}": value for key in ("$defs", "definitions")
+            for name, value in (schema.get(key) or {}).items() if isinstance(schema.get(key), dict)}
+    left = []
+
+    def walk(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(value, seen) for value in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in defs and ref not in seen:
+            siblings = {k: walk(v, seen) for k, v in node.items() if k != "$ref"}
+            return {**walk(defs[ref], (*seen, ref)), **siblings}
+        if isinstance(ref, str):
+            left.append(ref)
+        return {k: walk(v, seen) for k, v in node.items() if k not in ("$defs", "definitions")}
+
+    inlined = walk(schema, ())
+    if left:  # a recursive (or foreign) reference: keep the definitions it needs
+        inlined.update({key: schema[key] for key in ("$defs", "definitions") if key in schema})
+    return inlined
+
+
+def _inline_tool_refs(request: dict[str, Any]) -> bool:
+    """Inline the `$ref`s of every tool's parameters in place; True if any changed."""
+    changed = False
+    for tool in request.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else tool
+        if isinstance(function, dict) and isinstance(function.get("parameters"), dict) and \
+                '"$ref"' in json.dumps(function["parameters"]):
+            inlined = inline_refs(function["parameters"])
+            changed = changed or inlined != function["parameters"]
+            function["parameters"] = inlined
+    return changed
 
 
 def _request_with_tools(body: bytes) -> dict[str, Any] | None:
@@ -255,10 +329,15 @@ class ToolCallGuard:
             parts.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
+        request = _request_with_tools(b"".join(parts))
+        if request is not None and _inline_tool_refs(request):
+            body = json.dumps(request).encode()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+            scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+                     + [(b"content-length", str(len(body)).encode())]}
         pending = iter(messages)
 
         async def replay() -> Message:
             return next(pending, None) or await receive()
 
-        request = _request_with_tools(b"".join(parts))
         await self.app(scope, replay, send if request is None else _Responder(request, send))

@@ -146,7 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Prefix caching; experimental for hybrid (Gated DeltaNet) models on Ascend.",
             emit="bool", flag="--enable-prefix-caching"),
     Setting("reasoning_parser", NonEmpty, "auto",
-            "Splits `<think>` output into the `reasoning` field (`reasoning_content` before vLLM 0.30). auto: `minicpmv` if this vLLM "
+            "Splits `<think>` output into the `reasoning` field (`message.reasoning`, `delta.reasoning` on every "
+            "supported vLLM, 0.23 included: `reasoning_content` is not served). auto: `minicpmv` if this vLLM "
             "has it, else `qwen3`; none: disabled; or any parser name vLLM knows.",
             flag="--reasoning-parser"),
     Setting("limit_mm_per_prompt", MediaLimits, {"image": 5, "video": 2},

@@ -1,6 +1,7 @@
 """What an application can rely on: the OpenAI API features this deployment serves.
 
-One declaration, two uses: README.md and docs/applications.md embed the table
+One declaration (API features, then the client frameworks applications use; the columns in
+COLUMNS), two uses: README.md and docs/applications.md embed the table
 (`python -m minicpmv_ascend.tools.features --markdown`, tests/test_readme.py keeps them in sync), and
 tests/test_applications.py runs one check per row against the real server with the official
 `openai` client (a row without a check, or a check without a row, fails that test).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,17 @@ class Feature:
     works: str  # what a client gets
     limits: str
     enable: str
+    kind: str = "api"  # "api": a feature of the OpenAI API; "framework": a client library applications use
+
+
+# The table's columns, each a header and what it shows of a row: one more column (say, what a
+# second model does with each row) is one more entry here and, where it differs per row, a field.
+COLUMNS: tuple[tuple[str, Callable[[Feature], str]], ...] = (
+    ("API feature or framework", lambda f: f.api),
+    ("works", lambda f: f.works),
+    ("limits", lambda f: f.limits or "-"),
+    ("how to enable", lambda f: f.enable),
+)
 
 
 FEATURES: tuple[Feature, ...] = (
@@ -43,8 +55,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("n", "`n` > 1 (several choices)", "yes", "each choice costs a full generation", "on"),
     Feature("tools", "Tool calling: `tools` with `tool_choice` auto, required, a named function, none; "
             "parallel calls; `tool` result messages",
-            "yes, streaming too; forced calls follow the tool's JSON schema; a call cut by "
-            "`max_tokens` or missing a required argument is not handed out (`finish_reason: \"length\"`)",
+            "yes, streaming too; forced calls follow the tool's whole JSON schema and end (`finish_reason` "
+            "`\"tool_calls\"` for required, `\"stop\"` for a named function, as OpenAI's); a call cut by "
+            "`max_tokens` or breaking its schema is not handed out (`finish_reason: \"length\"` when cut)",
             "with thinking on, a forced call starts after `</think>`: give room or set "
             "`thinking_token_budget`; argument values are the model's (for strings it decides where they end)",
             "on (`ENABLE_AUTO_TOOL_CHOICE`, `TOOL_STRICT_LEVEL`)"),
@@ -62,12 +75,24 @@ FEATURES: tuple[Feature, ...] = (
             "`ALLOWED_MEDIA_DOMAINS=public`"),
     Feature("video", "Video (`video_url` with a `data:` URL, mp4 and other formats OpenCV reads)",
             "yes (vLLM's extension of the API)", "up to 2 videos per request; by URL as for images", "on"),
+    Feature("openai_parse", "`openai` client (Python): `chat.completions.parse` with a pydantic `response_format` "
+            "and pydantic tools (`openai.pydantic_function_tool`)",
+            "yes; `message.parsed` and `tool_calls[].function.parsed_arguments` are the application's pydantic "
+            "objects (values inside the schema: enum, bounds, nested objects)",
+            "thinking off through `extra_body={\"chat_template_kwargs\": {\"enable_thinking\": false}}` (or "
+            "give the thinking room); a forced call for tools", "on", kind="framework"),
+    Feature("langchain", "LangChain `ChatOpenAI` (`langchain-openai` 1.7.4): `invoke`, `stream`, `bind_tools` "
+            "with a pydantic tool, `with_structured_output(..., method=\"json_schema\", strict=True)`",
+            "yes; tool calls and structured answers validate against the application's pydantic models",
+            "the random model never calls on `auto`: tested with `tool_choice` a tool's name and \"any\" (required); "
+            "thinking as for the openai client (`extra_body`)", "on", kind="framework"),
 )
 
 
 def markdown() -> str:
-    rows = ["| API feature | works | limits | how to enable |", "|---|---|---|---|"]
-    rows += [f"| {f.api} | {f.works} | {f.limits or '-'} | {f.enable} |" for f in FEATURES]
+    rows = ["| " + " | ".join(header for header, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    rows += ["| " + " | ".join(cell(f) for _, cell in COLUMNS) + " |"
+             for kind in ("api", "framework") for f in FEATURES if f.kind == kind]
     return "\n".join(rows) + "\n"
 
 
