@@ -205,8 +205,8 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 	@touch $@
 
 # The application frameworks (LangChain's ChatOpenAI, requirements/apps.txt) in their own venv, so
-# that .venv stays exactly requirements/cpu.lock; tests/test_frameworks.py runs them as clients of
-# the shared server. About 10 s cold with a warm pip cache.
+# that .venv stays exactly requirements/cpu.lock; tests/test_applications.py runs them as clients of
+# the shared server (tests/framework_client.py). About 10 s cold with a warm pip cache.
 APPS_VENV := .venv-apps
 APPS_STAMP := $(APPS_VENV)/.installed
 apps-tools: $(APPS_STAMP)
