@@ -12,11 +12,15 @@ runs) instead of the padded masked SDPA, with the same numbers.
 
 from __future__ import annotations
 
+import json
+import textwrap
+
 import numpy as np
+import pytest
 import torch
 
 import vit_varlen_check as check
-from _target import IMAGE_PAD, VIDEO_PAD, placeholder_lengths
+from _target import IMAGE_PAD, VIDEO_PAD, placeholder_lengths, run_python
 
 NAME = "vit-varlen-attention"
 
@@ -37,6 +41,42 @@ def test_predicate_reads_the_targets_code(vllm_code, target):
     patch = next(p for p in plugin.PATCHES if p.name == NAME)
     assert (patch.check(vllm_code.module) is None) == target.needs(NAME)
     assert vit_varlen_attention.body_statements(Idefics2EncoderLayer.forward) == vit_varlen_attention.LAYER_STATEMENTS
+
+
+SWITCH_PROBE = textwrap.dedent("""
+    import json
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    import vllm.model_executor.models.minicpmv4_6 as m
+    import minicpmv_ascend_plugin as plugin
+    print("RESULT " + json.dumps({
+        "decisions": {k: [v.status, v.reason] for k, v in plugin.decisions().items()},
+        "wrapped": hasattr(m.MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states, "__wrapped__")}))
+""")
+
+
+def test_switch_turns_only_this_patch_off(target, monkeypatch):
+    """`MINICPMV_ASCEND_PLUGIN=off:vit-varlen-attention`, loaded by the target's vLLM: this patch
+    skipped (vLLM's own method in place), every other decision as usual; a name that is no patch
+    stops vLLM's plugin loading with the list of names."""
+    import minicpmv_ascend_plugin as plugin
+
+    proc = run_python(SWITCH_PROBE, env={"MINICPMV_ASCEND_PLUGIN": f"off:{NAME}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
+    assert out["decisions"][NAME] == ["skipped", f"switched off by MINICPMV_ASCEND_PLUGIN=off:{NAME}"]
+    assert not out["wrapped"]
+    applied = {name for name, (status, _) in out["decisions"].items() if status == "applied"}
+    assert applied == {p.name for p in plugin.PATCHES if target.needs(p.name)} - {NAME}
+    monkeypatch.setenv("MINICPMV_ASCEND_PLUGIN", "off:vit-varlen-atention")
+    assert plugin.switched_off() == {"vit-varlen-atention"} and not plugin.disabled()
+    registered = plugin._registered
+    plugin._registered = False
+    try:
+        with pytest.raises(RuntimeError, match="names no patch of this plugin: vit-varlen-atention; the patches are"):
+            plugin.register()
+    finally:
+        plugin._registered = registered
 
 
 def test_real_head_dim_within_the_noise_floor_and_equal_to_transformers(vllm_code, target, checkpoint):

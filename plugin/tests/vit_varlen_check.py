@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pathlib
 import sys
 from typing import Any
@@ -231,15 +232,85 @@ def verify(result: dict[str, Any], modes: tuple[str, ...] = ("16x", "4x")) -> No
         assert r["masked_fp32_vs_transformers"] <= floor / 100, r
 
 
-def main(checkpoint: str) -> None:
-    """On the installed vLLM (0.32: also MiniCPM-V 4.7's class, which inherits the method)."""
-    import os
+def bench(module: Any, model_config: Any, checkpoint: pathlib.Path, sizes: list[tuple[int, int]],
+          modes: tuple[str, ...], pairs: int, threads: int | None) -> list[dict[str, Any]]:
+    """Encoder milliseconds per image of the FULL-SIZE tower (27 layers, the last dropped, the
+    vit_merger after layer 6; random weights, bf16), patch off / on in alternating pairs: what
+    `get_vision_hidden_states` costs for one image's slices (transformers' processor, default
+    `max_slice_nums`)."""
+    import time
+
+    import torch
+    from transformers import AutoProcessor
+
+    from minicpmv_ascend_plugin import vit_varlen_attention
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = copy.deepcopy(model_config.hf_config)
+    vision = config.vision_config
+    vision.hidden_size, vision.num_attention_heads, vision.intermediate_size = HIDDEN, HEADS, INTERMEDIATE
+    vision.num_hidden_layers, config.drop_vision_last_layer = 27, True
+    vision.insert_layer_id = config.insert_layer_id = 6
+    model = vision_model(module, model_config, config)
+    finish_loading(model.to(torch.bfloat16))
+    model_cls = module.MiniCPMV4_6ForConditionalGeneration
+    original = model_cls.__dict__["get_vision_hidden_states"]
+    image_processor = AutoProcessor.from_pretrained(checkpoint).image_processor
+    rows = []
+    try:
+        for width, height in sizes:
+            for mode in modes:
+                image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8,
+                                      generator=torch.Generator().manual_seed(0))
+                out = image_processor(images=[image], downsample_mode=mode, return_tensors="pt")
+                data = vllm_inputs(out["pixel_values"], out["target_sizes"].to(torch.int64))
+                times: dict[str, list[float]] = {"off": [], "on": []}
+                with torch.no_grad():
+                    for _ in range(pairs + 1):  # the first pair warms up and is dropped
+                        for arm in ("off", "on"):
+                            model_cls.get_vision_hidden_states = original
+                            if arm == "on":
+                                vit_varlen_attention.apply(module)
+                            started = time.perf_counter()
+                            model.get_vision_hidden_states(data, downsample_mode=mode)
+                            times[arm].append((time.perf_counter() - started) * 1000)
+                on, off = times["on"][1:], times["off"][1:]
+                rows.append({"size": f"{width}x{height}", "mode": mode,
+                             "slice_patches": [h * w for h, w in out["target_sizes"].tolist()],
+                             "off_ms": off, "on_ms": on, "ratios_on_off": [a / b for a, b in zip(on, off)],
+                             "load_1min": os.getloadavg()[0]})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        model_cls.get_vision_hidden_states = original
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    """On the installed vLLM (0.32: also MiniCPM-V 4.7's class, which inherits the method); with
+    `--bench`, the full-size encoder timings instead."""
+    import argparse
 
     os.environ["VLLM_PLUGINS"] = ""  # the patch is applied by run(), not by the plugin's loader
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--bench", action="store_true", help="full-size encoder ms per image, patch off/on pairs")
+    parser.add_argument("--sizes", default="1084x820,1344x1008", help="WIDTHxHEIGHT,... (--bench)")
+    parser.add_argument("--modes", default="16x,4x", help="downsample modes (--bench)")
+    parser.add_argument("--pairs", type=int, default=3, help="off/on pairs after one warm-up pair (--bench)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (--bench; default torch's)")
+    args = parser.parse_args(argv)
     import vllm.model_executor.models.minicpmv4_6 as module
     from vllm.config import ModelConfig
 
+    checkpoint = args.checkpoint
     model_config = ModelConfig(model=checkpoint, tokenizer=checkpoint, dtype="bfloat16", max_model_len=4096)
+    if args.bench:
+        sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
+        rows = bench(module, model_config, pathlib.Path(checkpoint), sizes,  # type: ignore[arg-type]
+                     tuple(args.modes.split(",")), args.pairs, args.threads)
+        print("RESULT " + json.dumps(rows))
+        return
     results = {"4.6": run(module, model_config, pathlib.Path(checkpoint))}
     try:
         from vllm.model_executor.models import minicpmv4_7
@@ -253,4 +324,4 @@ def main(checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
