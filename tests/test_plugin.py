@@ -27,6 +27,10 @@ sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared wit
 import reasoning_harness
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
+# Decided at the model import too, and applied on vLLM 0.32 (its Idefics2 encoder still pads and masks).
+MODEL_PATCHES_032 = ("vit-varlen-attention",)
+MODEL_IMPORT_ORDER = ("processor-version", "image-size-order", "vit-merger-flags", "vit-varlen-attention",
+                      "max-slice-nums")
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
                   "gdn-one-token-prefill", "image-bomb-400", "shutdown-drain-503", "request-type-400",
                   "content-part-400", "responses-assistant-content", "public-media-urls", "json-whitespace")
@@ -38,9 +42,10 @@ REGISTER = re.compile(
     + r"; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
     r"rotary-mrope \(platform cpu is not Ascend\), uvicorn-signals \(vLLM's [\w/.]+ runs a uvicorn server "
     r"without uvicorn's signal handlers \(vLLM #50916\)\); decided when vLLM imports minicpmv4_6: "
-    + ", ".join(BACKPORTS) + "$")
+    + ", ".join(MODEL_IMPORT_ORDER) + "$")
 MODEL_IMPORT = re.compile(
-    r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: none; skipped: "
+    r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: "
+    + ", ".join(MODEL_PATCHES_032) + "; skipped: "
     + ", ".join(rf"{name} \([^;]+\)" for name in BACKPORTS) + "$")
 
 
@@ -288,12 +293,12 @@ def test_ascend_check_script_against_the_server(server):
     assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
                     r"torch [\w.+]+$", lines[0]), lines[0]
     assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
-    count = 7 + len(SERVER_PATCHES) + len(SKIPPED_ON_032)
+    count = 7 + len(MODEL_PATCHES_032) + len(SERVER_PATCHES) + len(SKIPPED_ON_032)
     patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups()
                    for line in lines[2:2 + count])
     assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
                        **{name: "skipped" for name in BACKPORTS + SKIPPED_ON_032},
-                       **{name: "applied" for name in SERVER_PATCHES}}
+                       **{name: "applied" for name in SERVER_PATCHES + MODEL_PATCHES_032}}
     assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
     for name, line in zip(("text", "image", "one-token"), lines[2 + count:5 + count]):
         assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line

@@ -13,6 +13,9 @@ it). It logs one line; the deferred backports log one more when they are decided
 
 Environment:
   MINICPMV_ASCEND_PLUGIN=off                  register nothing (the plugin stays installed)
+  MINICPMV_ASCEND_PLUGIN=off:NAME[,NAME...]   everything but the named patches (an A/B or a
+                                              numerical check with one patch off); an unknown
+                                              name stops vLLM with the list of names
   MINICPMV_ASCEND_PLUGIN_FORCE=rotary-mrope   apply the Ascend RoPE config on any platform
 """
 
@@ -46,6 +49,7 @@ from . import (
     transformers_check,
     uvicorn_signals,
     vit_merger_flags,
+    vit_varlen_attention,
 )
 from ._base import (
     AT_MODEL_IMPORT,
@@ -63,7 +67,7 @@ from ._import_hook import when_imported
 __version__ = "0.1.0"
 # The public API. The plugin's patches and decisions, and what it reads of the installation (the
 # checks its predicates rest on): scripts/ascend_check.py and the launcher use these names only.
-__all__ = ["PATCHES", "register", "report", "decisions", "disabled",
+__all__ = ["PATCHES", "register", "report", "decisions", "disabled", "switched_off",
            "platform_name", "ascend_device_type", "vllm_version", "dist_version"]
 
 DISABLE_ENV = "MINICPMV_ASCEND_PLUGIN"
@@ -75,6 +79,7 @@ PATCHES: tuple[Patch, ...] = (
     processor_version.PATCH,
     image_size_order.PATCH,
     vit_merger_flags.PATCH,
+    vit_varlen_attention.PATCH,
     max_slice_nums.PATCH,
     engine_death_exit.PATCH,
     shutdown_cut_requests.PATCH,
@@ -115,7 +120,9 @@ def _decide(patch: Patch, target: Any) -> Decision:
         if done is not None and done.status != "pending":
             return done
         marks = getattr(target, "_minicpmv_ascend_plugin_applied", None) if target is not None else None
-        if marks is not None and patch.name in marks:  # the module was patched by an earlier load
+        if patch.name in switched_off():
+            decision = Decision("skipped", f"switched off by {DISABLE_ENV}={os.environ.get(DISABLE_ENV, '').strip()}")
+        elif marks is not None and patch.name in marks:  # the module was patched by an earlier load
             decision = Decision("applied", marks[patch.name])
         else:
             try:
@@ -157,8 +164,28 @@ def _on_model_import(module: ModuleType) -> None:
     emit(f"{LOG_PREFIX}: {MODEL_MODULE.rsplit('.', 1)[-1]} imported (vLLM {vllm_version()}): {line}")
 
 
+OFF_WORDS = ("0", "off", "false", "no", "disabled")
+
+
 def disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("0", "off", "false", "no", "disabled")
+    """The whole plugin is off (`MINICPMV_ASCEND_PLUGIN=off`)."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() in OFF_WORDS
+
+
+def switched_off() -> frozenset[str]:
+    """The patches `MINICPMV_ASCEND_PLUGIN=off:NAME,NAME` switches off (the rest stays on)."""
+    head, colon, names = os.environ.get(DISABLE_ENV, "").partition(":")
+    if not colon or head.strip().lower() not in OFF_WORDS:
+        return frozenset()
+    return frozenset(n.strip() for n in names.split(",") if n.strip())
+
+
+def _switch_problem() -> str | None:
+    unknown = sorted(switched_off() - {p.name for p in PATCHES})
+    if not unknown:
+        return None
+    return (f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '').strip()} names no patch of this plugin: "
+            f"{', '.join(unknown)}; the patches are {', '.join(p.name for p in PATCHES)}")
 
 
 def register() -> None:
@@ -172,7 +199,7 @@ def register() -> None:
             emit(f"{LOG_PREFIX} {__version__}: disabled by {DISABLE_ENV}")
             return
         vllm = vllm_version()
-        problem = transformers_check.current_problem(vllm)
+        problem = _switch_problem() or transformers_check.current_problem(vllm)
         if problem:
             logger.error("%s: %s", LOG_PREFIX, problem)
             raise RuntimeError(f"{LOG_PREFIX}: {problem}")

@@ -46,12 +46,12 @@ SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", 
 NEEDED: dict[str, frozenset[str]] = {
     "0.23.0": frozenset({"reasoning-parser", "gdn-state-dtype", "processor-version", "image-size-order",
                          "vit-merger-flags", "max-slice-nums", *SERVER_PATCHES, "uvicorn-signals",
-                         "json-whitespace"}),
+                         "json-whitespace", "vit-varlen-attention"}),
     # 0.30 has vLLM #44980 (native processor) and #45244 + the (rows, cols) layout, but neither the
     # per-item merger flags, nor the per-request max_slice_nums, nor a `minicpmv` reasoning parser;
     # its launcher already runs uvicorn without uvicorn's signal handlers (NoSignalServer, #50916).
     "0.30.0": frozenset({"reasoning-parser", "gdn-state-dtype", "vit-merger-flags", "max-slice-nums",
-                         *SERVER_PATCHES, "json-whitespace"}),
+                         *SERVER_PATCHES, "json-whitespace", "vit-varlen-attention"}),
 }
 
 
@@ -209,36 +209,7 @@ class VllmCode:
         return self._model
 
     def _build_vision_model(self) -> Any:
-        import torch
-        from torch import nn
-        from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-        from vllm.distributed import init_distributed_environment, initialize_model_parallel
-        from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTransformer
-
-        m = self.module
-        vllm_config = VllmConfig(model_config=self.model_config, device_config=DeviceConfig(device="cpu"))
-        config = self.model_config.hf_config
-        with set_current_vllm_config(vllm_config):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mktemp()}")
-            initialize_model_parallel(1, 1)
-            model = m.MiniCPMV4_6ForConditionalGeneration.__new__(m.MiniCPMV4_6ForConditionalGeneration)
-            nn.Module.__init__(model)
-            model.config = config
-            # The vision half of MiniCPMV4_6ForConditionalGeneration.__init__ (0.23.0, 0.30.0).
-            model.vpm = Idefics2VisionTransformer(config.vision_config, quant_config=None,
-                                                  apply_encoder_attention_mask=True, prefix="vpm")
-            if config.drop_vision_last_layer:
-                model.vpm.encoder.layers = model.vpm.encoder.layers[:-1]
-            model.vit_merger = m.MiniCPMV4_6ViTWindowAttentionMerger(config.vision_config, quant_config=None,
-                                                                     prefix="vit_merger")
-            model.merger = m.MiniCPMV4_6Merger(hidden_size=config.vision_config.hidden_size,
-                                               llm_embed_dim=config.text_config.hidden_size)
-            generator = torch.Generator().manual_seed(0)
-            with torch.no_grad():
-                for param in model.parameters():
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
-        return model.eval()
+        return vision_model(self.module, self.model_config, self.model_config.hf_config)
 
     def embed(self, requests: list[tuple[str, dict[str, Any]]]) -> list[Any]:
         """Encode the items of several processed requests as ONE encoder batch, the way the model
@@ -252,6 +223,43 @@ class VllmCode:
             for _, _, batch in group_and_batch_mm_kwargs(items, device="cpu"):
                 outputs.extend(self.model().embed_multimodal(**batch))
         return outputs
+
+
+def vision_model(module: Any, model_config: Any, config: Any, cls: Any = None, seed: int = 0) -> Any:
+    """`cls` (the module's MiniCPMV4_6ForConditionalGeneration by default) holding only the vision
+    half of its `__init__` (0.23.0, 0.30.0, 0.32.0), built from the module's own classes for
+    `config`, with random weights."""
+    import torch
+    from torch import nn
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+    from vllm.model_executor.models.idefics2_vision_model import Idefics2VisionTransformer
+
+    cls = cls or module.MiniCPMV4_6ForConditionalGeneration
+    vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(vllm_config):
+        if not model_parallel_is_initialized():
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{tempfile.mktemp()}")
+            initialize_model_parallel(1, 1)
+        model = cls.__new__(cls)
+        nn.Module.__init__(model)
+        model.config = config
+        # The vision half of MiniCPMV4_6ForConditionalGeneration.__init__.
+        model.vpm = Idefics2VisionTransformer(config.vision_config, quant_config=None,
+                                              apply_encoder_attention_mask=True, prefix="vpm")
+        if config.drop_vision_last_layer:
+            model.vpm.encoder.layers = model.vpm.encoder.layers[:-1]
+        model.vit_merger = module.MiniCPMV4_6ViTWindowAttentionMerger(config.vision_config, quant_config=None,
+                                                                      prefix="vit_merger")
+        model.merger = module.MiniCPMV4_6Merger(hidden_size=config.vision_config.hidden_size,
+                                                llm_embed_dim=config.text_config.hidden_size)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    return model.eval()
 
 
 def placeholder_lengths(out: dict[str, Any], modality: str) -> list[int]:
