@@ -176,6 +176,7 @@ def test_default_argv(tiny_config):
     assert middleware == ["minicpmv_ascend.tool_calls.ToolCallGuard", "minicpmv_ascend.request_guard.RequestGuard",
                           "minicpmv_ascend.access.AccessControl"]
     assert plan.env_defaults["MEDIA_URL_FETCHES"] == "32" and plan.env_defaults["MAX_REQUEST_BODY_MB"] == "160"
+    assert plan.env_defaults["MAX_IMAGE_ASPECT_RATIO"] == "200" and plan.env_defaults["VLLM_MAX_N_SEQUENCES"] == "16"
     for absent in ("--hf-overrides", "--api-key", "--allowed-local-media-path"):
         assert absent not in args
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]

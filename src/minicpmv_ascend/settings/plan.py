@@ -210,7 +210,11 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     public = media_urls.PUBLIC in resolution["allowed_media_domains"]
     env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0",
                                     media_urls.FETCHES_ENV: str(resolution["media_url_fetches"]),
-                                    request_guard.LIMIT_ENV: str(resolution["max_request_body_mb"])}
+                                    request_guard.LIMIT_ENV: str(resolution["max_request_body_mb"]),
+                                    "MAX_IMAGE_ASPECT_RATIO": str(resolution["max_image_aspect_ratio"]),
+                                    # n sequences take n batch slots: n past max_num_seqs only queues
+                                    # work behind itself (vLLM's own cap is 16384)
+                                    "VLLM_MAX_N_SEQUENCES": str(effective["max_num_seqs"])}
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":

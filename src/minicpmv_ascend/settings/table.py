@@ -123,7 +123,12 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--data-parallel-size", aliases=("-dp",)),
     Setting("max_model_len", Count, 8192,
             "Longest context (prompt + output tokens) per request.", flag="--max-model-len"),
-    Setting("max_num_seqs", Count, 16, "Most requests batched together.", flag="--max-num-seqs"),
+    Setting("max_num_seqs", Count, 16,
+            "Most requests batched together; also the most sequences one request may ask for (`n`): the "
+            "launcher sets vLLM's VLLM_MAX_N_SEQUENCES (default 16384) to this unless the environment "
+            "sets it, since n sequences are n batch slots and n past this fills the batch for several "
+            "rounds (`n=1000`: 20-108 s of engine time for one request). Past it: 400.",
+            flag="--max-num-seqs"),
     Setting("max_num_batched_tokens", Count, 8192,
             "Token budget per scheduler step (OpenBMB's guide uses 8192).",
             flag="--max-num-batched-tokens"),
@@ -204,6 +209,13 @@ SETTINGS: tuple[Setting, ...] = (
             "32 slots carry more than the engine encodes, at most 32 x 20 MiB of bodies in memory, and "
             "asyncio's and vLLM's own thread pools stay free (docs/reliability.md, Media fetching).",
             emit="env", env_name=media_urls.FETCHES_ENV),
+    Setting("max_image_aspect_ratio", Count, 200,
+            "Longest side / shortest side an image may have (the plugin's image-shape-400; no vLLM setting "
+            "bounds it): past it 400 before the processor slices the image (a 100000x1 PNG, a few hundred "
+            "bytes, cost 13-53 s of processing). 200: Qwen2-VL's processor bound; long screenshots and "
+            "panoramas stay far below. The pixel count is vLLM's VLLM_MAX_IMAGE_PIXELS (178956970), "
+            "which the same check applies on vLLM 0.23 too.",
+            emit="env", env_name="MAX_IMAGE_ASPECT_RATIO"),
     Setting("allowed_local_media_path", str, "",
             "Server directory whose files clients may send as file:// image URLs (absolute path "
             "of an existing directory, not /). Empty: file:// URLs are refused.",
