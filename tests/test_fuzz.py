@@ -92,3 +92,22 @@ def test_known_5xx_are_matched_exactly():
     assert fuzz.known_reason(failure) == known.why
     assert fuzz.known_reason({**failure, "status": 500}) is None
     assert fuzz.known_reason({**failure, "route": "POST /v1/completions"}) is None
+
+
+def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
+    """Over many bodies: lone surrogates land in strings at every depth, non-base64 data URLs in
+    `url` fields, each body is changed at most once and the same way every time; requests'
+    json= encoding (what schemathesis sends) carries the surrogate as the escape \\ud800."""
+    surrogates, data_urls = set(), 0
+    for i in range(200):
+        body = {"model": "m", "stop": [f"s{i}"], "vllm_xargs": {"tag": f"t{i}"},
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"http://h/{i}.png"}}]}]}
+        changed = fuzz.hostile(json.loads(json.dumps(body)))
+        assert fuzz.hostile(json.loads(json.dumps(body))) == changed  # deterministic
+        text = json.dumps(changed)  # ensure_ascii, as requests' json= sends it
+        if "\\ud800" in text:
+            surrogates.add(next(k for k in ("model", "stop", "vllm_xargs", "messages") if "\\ud800" in json.dumps(changed[k])))
+            assert text.encode("ascii")
+        if changed["messages"][0]["content"][0]["image_url"]["url"] in fuzz.NON_BASE64_DATA_URLS:
+            data_urls += 1
+    assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 20 <= data_urls <= 80

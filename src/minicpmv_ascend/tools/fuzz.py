@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,9 +81,45 @@ DEFAULT_SEED = 20261201
 READY_TIMEOUT_S = 300
 HEALTH_TIMEOUT_S = 10
 STOP_TIMEOUT_S = 60
+# Hostile values the schema cannot describe (issue 21), put into generated bodies by fuzz_hooks:
+# Hypothesis' text strategies leave out surrogates, and a data URL is only a string to the schema.
+# One body in HOSTILE_EVERY gets a lone surrogate appended to one of its strings (schemathesis
+# sends bodies as ASCII JSON, so it travels as the escape \ud800, valid JSON); one in HOSTILE_EVERY
+# with a `url` string gets a data URL that is not base64 there. Chosen from the body's own hash:
+# the same generated case is always changed the same way (schemathesis replays cases).
+LONE_SURROGATE = "\ud800"
+NON_BASE64_DATA_URLS = ("data:image/png,%89PNG%0D%0A%1A%0A", "data:,hello")
+HOSTILE_EVERY = 4
 CHECKS = ("not_a_server_error", "max_response_time", "json_error_body", "no_error_event")
 # Body keys of requests that run the engine (prompt, chat, generation): such routes get more time.
 ENGINE_KEYS = frozenset({"prompt", "messages", "input", "query", "max_tokens", "max_output_tokens"})
+
+
+def _strings(node: Any, found: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """(container, key) of every string value below `node`, in document order."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        if isinstance(value, str):
+            found.append((node, key))
+        else:
+            _strings(value, found)
+    return found
+
+
+def hostile(body: Any) -> Any:
+    """The body with one hostile value in one of HOSTILE_EVERY bodies (see LONE_SURROGATE), in place."""
+    if not isinstance(body, (dict, list)):
+        return body
+    digest = zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
+    strings = _strings(body, [])
+    urls = [(node, key) for node, key in strings if key == "url"]
+    if urls and digest % HOSTILE_EVERY == 1:
+        node, key = urls[(digest // HOSTILE_EVERY) % len(urls)]
+        node[key] = NON_BASE64_DATA_URLS[digest % len(NON_BASE64_DATA_URLS)]
+    elif strings and digest % HOSTILE_EVERY == 0:
+        node, key = strings[(digest // HOSTILE_EVERY) % len(strings)]
+        node[key] += LONE_SURROGATE
+    return body
 
 
 class UsageError(Exception):

@@ -41,6 +41,10 @@ bounded run can afford:
    item of one kind). Without this, 0 of ~1,700 chat requests of a slice reached the engine (479
    of them that 400), and 3 to 7 of ~3,000 responses requests; tests/test_fuzz_findings.py keeps
    the 400 itself tested.
+6. Hostile values no schema describes (issue 21; fuzz.hostile): a lone UTF-16 surrogate appended to
+   one string of one body in fuzz.HOSTILE_EVERY (sent as the ASCII JSON escape \ud800), and a
+   data URL that is not base64 in a `url` field of one in HOSTILE_EVERY; before the kit's request
+   guard and its data-url-400 patch these were 500 and 501.
 Everything else (types, ranges, unknown fields, streaming, templates, ...) is generated as the
 schema allows, in both schemathesis modes (valid and invalid per the schema).
 
@@ -60,7 +64,7 @@ from typing import Any
 
 import schemathesis
 
-from minicpmv_ascend.tools.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N
+from minicpmv_ascend.tools.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N, hostile
 
 OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens")
 COUNT_KEYS = ("n", "best_of")
@@ -176,7 +180,7 @@ def before_load_schema(context: Any, raw_schema: dict[str, Any]) -> None:
 def map_case(context: Any, case: Any) -> Any:
     # map_case, not map_body: schemathesis applies map_case in every phase (its coverage phase
     # builds cases without the body hooks).
-    case.body = with_user_turn(case.operation.path, cap_body(case.operation.path, case.body))
+    case.body = hostile(with_user_turn(case.operation.path, cap_body(case.operation.path, case.body)))
     return case
 
 
