@@ -114,3 +114,16 @@ def test_bodies_past_the_limit_get_413_before_the_app_and_others_pass_byte_for_b
     assert status == 413 and seen == b""
     chunks = [b'{"stop": ["\\ud83d', b'\\ude00"], ', b'"x": "  "}']
     assert run_guard(100, chunks) == (200, b"ok", b"".join(chunks))
+
+
+@pytest.mark.server
+def test_a_body_past_the_limit_gets_413_before_it_is_sent(server):
+    """Only the headers and 1 KiB of a body that says it is 161 MiB: 413 at once, naming the setting."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (161 * 1024 * 1024) + b" " * 1024)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+    assert b"MAX_REQUEST_BODY_MB" in answer and b"160 MiB" in answer

@@ -4,14 +4,17 @@ Bug (vLLM 0.23, 0.30 and 0.32, `vllm/multimodal/media/connector.py`): `MediaConn
 refuses a data: URL without `;base64` (`data:image/png,%89PNG...`, `data:,hello` as a video) with
 `NotImplementedError("Only base64 data URLs are supported for now.")`, which vLLM's
 `create_error_response` maps to 501 NotImplementedError: a client's malformed input reported as a
-missing server feature. No upstream fix (0.23 - 0.33).
+missing server feature. (vLLM 0.23 splits the header differently: a URL without any `;` fails
+there with a 400 "not enough values to unpack (expected 2, got 1)", one with another parameter,
+`data:text/plain;charset=utf-8,...`, with the 501.) No upstream fix (0.23 - 0.33).
 
 Fix: the same refusal as `ValueError` (400 BadRequestError) with how to send the media instead.
 Percent-encoded data URLs are refused, not decoded: base64 is what OpenAI's API and every client
 library send, and a second decoder would be a second parser of hostile input for no client.
 Sync and async loaders both call `_load_data_url`.
 
-Applies when: vLLM's own `_load_data_url`, given `data:,hello`, raises NotImplementedError.
+Applies when: vLLM's own `_load_data_url`, given `data:image/png;charset=utf-8,hello` (a
+parameter, no base64), raises NotImplementedError.
 Delete when: it raises ValueError (or another 4xx error) upstream, or decodes such URLs.
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 from ._base import AT_REGISTER, Patch, wrap_once
 
 NAME = "data-url-400"
+PROBE_URL = "data:image/png;charset=utf-8,hello"  # 501 on 0.23, 0.30 and 0.32 alike
 MESSAGE = ("only base64 data URLs are accepted (data:<media type>;base64,<data>): this one is not "
            "base64-encoded ({url}); encode the file with base64, e.g. data:image/png;base64,iVBORw0KG...")
 
@@ -47,13 +51,13 @@ def _load_data_url(original: Any) -> Any:
 
 
 def probe() -> BaseException | None:
-    """What vLLM's own `_load_data_url` raises for `data:,hello` (None: nothing)."""
+    """What vLLM's own `_load_data_url` raises for a data URL that is not base64 (None: nothing)."""
     from vllm.multimodal.media.connector import MediaConnector
 
     loader = MediaConnector._load_data_url
     loader = getattr(loader, "_minicpmv_ascend_plugin_wraps", loader)  # vLLM's, not ours
     try:
-        loader(MediaConnector(), "data:,hello", None)
+        loader(MediaConnector(), PROBE_URL, None)
     except Exception as error:  # noqa: BLE001 - the exception type is what is probed
         return error
     return None
