@@ -120,5 +120,5 @@ def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
         if changed["messages"][0]["content"][0]["image_url"]["url"] in fuzz.NON_BASE64_DATA_URLS:
             data_urls += 1
     # into the engine's fields where a body has them (never `user` then), else anywhere
-    assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 10 <= data_urls <= 40
+    assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 4 <= data_urls <= 30
     assert fuzz.ascii_json({"emoji": "\U0001f600"}) == b'{"emoji": "\\ud83d\\ude00"}'  # pairs stay pairs

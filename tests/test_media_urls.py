@@ -197,3 +197,30 @@ def test_the_fetch_bound_refuses_at_once_and_gives_slots_back():
     slots.release()
     slots.acquire()  # a slot given back is usable again
     assert slots.in_flight == 2
+
+
+def test_a_tls_handshake_trickled_byte_by_byte_is_cut_at_the_deadline():
+    """https: a server that answers the ClientHello with one byte every 0.3 s (a TLS record that
+    never completes): the handshake is bounded by the same deadline."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            while not stop.wait(0.3):
+                try:
+                    connection.send(b"\x16")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        seconds, outcome = timed_fetch(f"https://127.0.0.1:{listener.getsockname()[1]}/a.png")
+    finally:
+        stop.set()
+        listener.close()
+    assert "took longer than 1 s" in outcome and seconds < DEADLINE_S + SLACK_S, (seconds, outcome)
