@@ -224,3 +224,41 @@ def test_a_tls_handshake_trickled_byte_by_byte_is_cut_at_the_deadline():
         stop.set()
         listener.close()
     assert "took longer than 1 s" in outcome and seconds < DEADLINE_S + SLACK_S, (seconds, outcome)
+
+
+def test_the_plugins_fetches_are_bounded_refused_at_once_past_it_and_give_their_slots_back(monkeypatch):
+    """The plugin's async path (public-media-urls): fetches take a slot before they are submitted to
+    its own pool; with 2 slots held by stalled hosts a third is refused at once (MediaURLBusy, a
+    400 through vLLM), and once the stalled ones hit their deadline the slots are free again."""
+    import asyncio
+
+    from vllm.multimodal.media.connector import MediaConnector
+    from vllm.multimodal.media.image import ImageMediaIO
+
+    from minicpmv_ascend_plugin import public_media_urls
+
+    monkeypatch.setattr(media_urls, "SLOTS", media_urls.FetchSlots(2))
+    monkeypatch.setattr(public_media_urls, "_pool", None)
+    connector = MediaConnector(allowed_media_domains=[media_urls.PUBLIC_SENTINEL, "127.0.0.1"])
+
+    async def main(host: SlowHost) -> tuple[list, float, str, bytes]:
+        stalled = [asyncio.ensure_future(public_media_urls._fetch_async(connector, host.url("/stall"), ImageMediaIO(),
+                                                                        DEADLINE_S)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        try:
+            await public_media_urls._fetch_async(connector, host.url("/png"), ImageMediaIO(), DEADLINE_S)
+            busy = "fetched"
+        except media_urls.MediaURLBusy as refusal:
+            busy = str(refusal)
+        busy_s = time.monotonic() - started
+        outcomes = await asyncio.gather(*stalled, return_exceptions=True)
+        data = await public_media_urls._fetch_async(connector, host.url("/png"), ImageMediaIO(), DEADLINE_S)
+        return outcomes, busy_s, busy, data
+
+    with SlowHost() as host:
+        outcomes, busy_s, busy, data = asyncio.run(main(host))
+    assert "fetching 2 media URLs already" in busy and busy_s < 0.1, (busy, busy_s)
+    assert all(isinstance(o, media_urls.MediaURLRefused) and "took longer than 1 s" in str(o) for o in outcomes)
+    assert data.startswith(b"\x89PNG") and media_urls.SLOTS.in_flight == 0
+    public_media_urls._pool.shutdown(wait=False)
