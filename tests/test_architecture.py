@@ -21,7 +21,7 @@ from conftest import REPO
 PACKAGE, PLUGIN = "minicpmv_ascend", "minicpmv_ascend_plugin"
 # The modules vLLM loads into its API server: the access control and tool-call middleware, and the
 # media fetcher the plugin calls. The settings emit their names, so settings import them.
-IN_SERVER = {f"{PACKAGE}.access", f"{PACKAGE}.tool_calls", f"{PACKAGE}.media_urls"}
+IN_SERVER = {f"{PACKAGE}.access", f"{PACKAGE}.tool_calls", f"{PACKAGE}.media_urls", f"{PACKAGE}.request_guard"}
 # What runs on an Ascend host's own Python (3.7), standard library only: these and their imports.
 HOST_MODULES = {f"{PACKAGE}.probes"}
 HOST_SCRIPTS = {"healthcheck/probe.py": (3, 6), "scripts/verify_model_dir.py": (3, 6)}  # parse on 3.6 too

@@ -130,8 +130,8 @@ CASES: tuple[Case, ...] = (
          "Not Found", "FastAPI's `{\"detail\": ...}` shape", path="/v1/no-such-endpoint"),
     Case("huge_body_unused_field", "50 MB body: a 50 MB string in an unused field (`user`)",
          lambda model: chat(model, user="x" * (50 * MB)), 200, "chat.completion",
-         "served (~1 s): neither vLLM nor uvicorn limits the body size; cap it in the ingress "
-         "or proxy (e.g. nginx `client_max_body_size`)"),
+         "served (~1 s): under the kit's `max_request_body_mb` (160 MiB; vLLM and uvicorn have no "
+         "limit); a larger body gets 413 before it is read (tests/test_request_guard.py)"),
     # ---- fields
     Case("missing_messages", "no `messages`", lambda model: {"model": model}, 400,
          "Field required"),
@@ -235,6 +235,28 @@ CASES: tuple[Case, ...] = (
          lambda model: chat(model, [{"type": "input_audio", "input_audio": {
              "data": base64.b64encode(b"RIFF").decode(), "format": "wav"}},
              {"type": "text", "text": "Hi"}]), 400, "At most 0 audio"),
+    # ---- issue 21: what vLLM alone answered with a 5xx
+    Case("data_url_not_base64", "image data URL that is not base64 (`data:image/png,%89PNG%0D%0A...`)",
+         lambda model: chat(model, image_parts("data:image/png,%89PNG%0D%0A%1A%0A")), 400,
+         "only base64 data URLs", "plugin `data-url-400`; vLLM alone: 501 NotImplementedError"),
+    Case("video_data_url_plain", "`data:,hello` as a `video_url`",
+         lambda model: chat(model, [{"type": "video_url", "video_url": {"url": "data:,hello"}},
+                                    {"type": "text", "text": "Hi"}]), 400, "only base64 data URLs",
+         "plugin `data-url-400`; vLLM alone: 501"),
+    Case("lone_surrogate_stop", "`stop: [\"\\ud800\"]`: a lone UTF-16 surrogate (ASCII JSON)",
+         raw('{"model": "{model}", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, '
+             '"stop": ["\\ud800"]}'), 400, "lone UTF-16 surrogate",
+         "the request guard names the field (`stop[0]`), in every field (tests/test_request_guard.py); "
+         "vLLM alone: 500 with an empty message"),
+    Case("n_past_max_num_seqs", "`n: 17` (max_num_seqs 16)", lambda model: chat(model, n=17, temperature=1), 400,
+         "n must be at most 16", "the launcher sets VLLM_MAX_N_SEQUENCES to max_num_seqs; vLLM alone: "
+         "served up to 16384 (`n: 1000`: 20-108 s of engine time)"),
+    Case("image_aspect_past_limit", "a 2010x10 PNG (aspect ratio 201:1)",
+         lambda model: chat(model, image_parts(png_url(2010, 10))), 400, "aspect ratio",
+         "plugin `image-shape-400` (max_image_aspect_ratio 200); vLLM alone serves any shape (100000x1: 13-53 s)"),
+    Case("image_aspect_at_limit", "a 4000x20 PNG (aspect ratio 200:1)",
+         lambda model: chat(model, image_parts(png_url(4000, 20))), 200, "chat.completion",
+         "served: the bound is inclusive"),
 )
 
 

@@ -92,3 +92,33 @@ def test_known_5xx_are_matched_exactly():
     assert fuzz.known_reason(failure) == known.why
     assert fuzz.known_reason({**failure, "status": 500}) is None
     assert fuzz.known_reason({**failure, "route": "POST /v1/completions"}) is None
+
+
+def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
+    """Over many bodies: lone surrogates land in strings at every depth, non-base64 data URLs in
+    `url` fields, each body is changed at most once and the same way every time; the body stays
+    valid text (schemathesis validates it) and goes out as ASCII JSON with the escape \\ud800."""
+    surrogates, data_urls = set(), 0
+    for i in range(200):
+        if i % 2:  # only checked fields: any string of them
+            body = {"model": "m", "messages": [{"role": "user", "content": f"c{i}"}]}
+            changed = fuzz.hostile(json.loads(json.dumps(body)))
+            surrogates |= {k for k in body if fuzz.SURROGATE_MARKER in json.dumps(changed[k], ensure_ascii=False)}
+            continue
+        body = {"model": "m", "stop": [f"s{i}"], "vllm_xargs": {"tag": f"t{i}"}, "user": f"u{i}",
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"http://h/{i}.png"}}]}]}
+        changed = fuzz.hostile(json.loads(json.dumps(body)))
+        assert fuzz.hostile(json.loads(json.dumps(body))) == changed  # deterministic
+        json.dumps(changed, ensure_ascii=False).encode()  # valid text for schemathesis's validation
+        wire = fuzz.ascii_json(changed)
+        if b"\\ud800" in wire:
+            sent = json.loads(wire)
+            with pytest.raises(UnicodeEncodeError):
+                json.dumps(sent, ensure_ascii=False).encode()  # a lone surrogate once parsed
+            surrogates.add(next(k for k in ("model", "stop", "vllm_xargs", "messages", "user")
+                                if "\\ud800" in json.dumps(sent[k])))
+        if changed["messages"][0]["content"][0]["image_url"]["url"] in fuzz.NON_BASE64_DATA_URLS:
+            data_urls += 1
+    # into the engine's fields where a body has them (never `user` then), else anywhere
+    assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 4 <= data_urls <= 30
+    assert fuzz.ascii_json({"emoji": "\U0001f600"}) == b'{"emoji": "\\ud83d\\ude00"}'  # pairs stay pairs

@@ -32,7 +32,7 @@ MODEL_PATCHES_032 = ("vit-varlen-attention",)
 MODEL_IMPORT_ORDER = ("processor-version", "image-size-order", "vit-merger-flags", "vit-varlen-attention",
                       "max-slice-nums")
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
-                  "gdn-one-token-prefill", "image-bomb-400", "shutdown-drain-503", "request-type-400",
+                  "data-url-400", "gdn-one-token-prefill", "image-bomb-400", "image-shape-400", "shutdown-drain-503", "request-type-400",
                   "content-part-400", "responses-assistant-content", "public-media-urls", "json-whitespace")
 SKIPPED_ON_032 = ("uvicorn-signals",)  # backports of fixes vLLM 0.32 has (besides the model backports)
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")

@@ -140,8 +140,9 @@ def sweeps() -> list[Sweep]:
         Sweep("completion_n_4", "/v1/completions", lambda c: c.completion(c.ids(3), n=4, temperature=1, seed=3), n=4),
         Sweep("chat_n_4", "/v1/chat/completions", lambda c: c.chat(n=4, temperature=1, seed=3), n=4),
         Sweep("completion_beam_n_2", "/v1/completions", lambda c: c.completion(c.ids(3), n=2, use_beam_search=True), n=2),
-        Sweep("completion_n_past_limit", "/v1/completions", lambda c: c.completion(c.ids(3), n=16385), 400,
-              "n must be at most 16384"),
+        # VLLM_MAX_N_SEQUENCES = max_num_seqs (16), the launcher's default (vLLM's own: 16384)
+        Sweep("completion_n_past_limit", "/v1/completions", lambda c: c.completion(c.ids(3), n=17), 400,
+              "n must be at most 16"),
         Sweep("completion_logprobs_0", "/v1/completions", lambda c: c.completion(c.ids(3), logprobs=0)),
         Sweep("completion_logprobs_20", "/v1/completions", lambda c: c.completion(c.ids(3), logprobs=20)),
         Sweep("completion_logprobs_21", "/v1/completions", lambda c: c.completion(c.ids(3), logprobs=21), 400,

@@ -20,6 +20,7 @@ Image hosts are loopback HTTP servers that count the requests they get: "refused
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.client
 import http.server
 import io
@@ -30,6 +31,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -41,6 +43,7 @@ import yaml
 from conftest import OTHER_SERVER_KEY, REPO, clean_env
 from helpers_launcher import launcher_env, run_entrypoint
 from minicpmv_ascend import access, settings
+from slow_hosts import SLOW_PATHS, SlowHost
 from test_deploy_support import (
     JOB_TEMPLATES,
     OVERLAYS,
@@ -456,6 +459,31 @@ def test_a_redirect_to_a_refused_address_is_not_followed(server, image_host) -> 
     finally:
         hop.close()
     assert image_host.requests == ["/fine.png"]
+
+
+@pytest.mark.server
+def test_trickling_image_hosts_get_a_400_by_the_deadline_and_starve_no_one(server, image_host) -> None:
+    """16 requests whose image host trickles one byte every 0.5 s (and one that stalls after its
+    headers) each get a 400 within vLLM's image deadline (5 s) + 1 s; a normal image URL sent while
+    they hang is answered at once (here 200: 17 fetches are under the bound, MEDIA_URL_FETCHES=32)."""
+    with SlowHost(interval=0.5) as slow, concurrent.futures.ThreadPoolExecutor(18) as pool:
+        def timed(url: str) -> tuple[float, int, str]:
+            started = time.monotonic()
+            status, body = image_chat(server, url)
+            return time.monotonic() - started, status, body
+
+        urls = [slow.url(SLOW_PATHS[i % 3]) for i in range(16)] + [slow.url("/stall")]
+        hanging = [pool.submit(timed, url) for url in urls]
+        time.sleep(1.0)  # the slow fetches are under way
+        seconds, status, body = timed(f"http://127.0.0.1:{image_host.port}/red.png")
+        print(f"\nthe normal image URL beside {len(urls)} slow hosts: HTTP {status} in {seconds:.2f} s")
+        assert status == 200 and seconds < 3, (seconds, status, body)
+        answers = [future.result() for future in hanging]
+        print("the slow hosts' clients: " + ", ".join(f"{s:.2f} s" for s, _, _ in answers))
+        for url, (seconds, status, body) in zip(urls, answers):
+            assert status == 400 and "took longer than 5 s" in body, (url, status, body)
+            assert seconds < 6, (url, seconds)
+    assert request(server.base_url, "/health")[0] == 200
 
 
 # --------------------------------------------------------------------------------------------

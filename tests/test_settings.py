@@ -170,9 +170,13 @@ def test_default_argv(tiny_config):
     for flag, value in expected.items():
         assert flag_value(args, flag) == value
     assert {"--enforce-eager", "--no-enable-prefix-caching", "--enable-auto-tool-choice"} <= set(args)
-    # The tool-call guard, then the access control, which vLLM adds last: the outermost layer.
+    # The tool-call guard, the request guard (body size, unencodable text: it bounds what the
+    # tool-call guard buffers), then the access control, which vLLM adds last: the outermost layer.
     middleware = [args[i + 1] for i, arg in enumerate(args) if arg == "--middleware"]
-    assert middleware == ["minicpmv_ascend.tool_calls.ToolCallGuard", "minicpmv_ascend.access.AccessControl"]
+    assert middleware == ["minicpmv_ascend.tool_calls.ToolCallGuard", "minicpmv_ascend.request_guard.RequestGuard",
+                          "minicpmv_ascend.access.AccessControl"]
+    assert plan.env_defaults["MEDIA_URL_FETCHES"] == "32" and plan.env_defaults["MAX_REQUEST_BODY_MB"] == "160"
+    assert plan.env_defaults["MAX_IMAGE_ASPECT_RATIO"] == "200" and plan.env_defaults["VLLM_MAX_N_SEQUENCES"] == "16"
     for absent in ("--hf-overrides", "--api-key", "--allowed-local-media-path"):
         assert absent not in args
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
@@ -610,6 +614,8 @@ def test_declarations_match_vllms_parser():
             assert parser.parse_args(["m", "--middleware", "a.B", "--middleware", "c.D"]).middleware == ["a.B", "c.D"]
             continue
         if s.emit in ("launcher", "positional") or s.name == "api_key_file":
+            continue
+        if s.emit == "env" and s.flag is None:  # read by the kit's in-server modules, not by vLLM
             continue
         action = actions.get(s.flag)
         assert action is not None, f"vLLM has no {s.flag}"

@@ -14,8 +14,13 @@ the hosts listed next to it). For a connector with that entry, this patch skips 
 check and fetches http(s) URLs with `minicpmv_ascend.media_urls.fetch` instead of vLLM's HTTP
 client: every host of the first URL and of each redirect is resolved once, refused unless all its
 addresses are public (hosts listed next to `public` excepted), and the socket goes to the checked
-address; vLLM's fetch timeout, the redirect switch and a size limit apply. data: and file:// URLs
-stay vLLM's. Without this plugin the same allow-list makes vLLM refuse every URL (fail closed).
+address; vLLM's fetch timeout per modality (VLLM_IMAGE_FETCH_TIMEOUT, VLLM_VIDEO_FETCH_TIMEOUT) is one
+deadline for the whole fetch, enforced while a read is blocked, and the redirect switch and a size
+limit apply. Fetches run in this plugin's own threads, at most `media_urls.SLOTS.limit` at once
+(MEDIA_URL_FETCHES); one more is refused at once with a 400 that says so, so a few slow hosts can
+neither starve other clients' fetches nor fill asyncio's default pool that vLLM decodes media in.
+data: and file:// URLs stay vLLM's. Without this plugin the same allow-list makes vLLM refuse
+every URL (fail closed).
 
 Applies when: vLLM's `MediaConnector` has `load_from_url`, `load_from_url_async` and the host-name
 check `_assert_url_in_allowed_media_domains` (0.23 - 0.33). The behaviour only changes for a server
@@ -27,7 +32,9 @@ Delete when: vLLM checks the resolved addresses of every hop and pins the connec
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
+import threading
 from typing import Any
 
 from ._base import AT_REGISTER, Patch, wrap_once
@@ -43,6 +50,11 @@ def _public(connector: Any) -> list[str] | None:
     return [h for h in hosts if h != PUBLIC_SENTINEL] if PUBLIC_SENTINEL in hosts else None
 
 
+def _what(media_io: Any) -> str:
+    name = type(media_io).__name__.lower()
+    return next((kind for kind in ("video", "audio") if kind in name), "image")
+
+
 def _fetch(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
     from vllm import envs
 
@@ -51,7 +63,42 @@ def _fetch(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes
     get_max = getattr(media_io, "get_max_bytes", None)  # vLLM >= 0.30
     return media_urls.fetch(url, explicit_hosts=_public(connector) or (), timeout=fetch_timeout,
                             max_bytes=media_urls.max_bytes_from_env(get_max() if get_max else None),
-                            allow_redirects=bool(envs.VLLM_MEDIA_URL_ALLOW_REDIRECTS))
+                            allow_redirects=bool(envs.VLLM_MEDIA_URL_ALLOW_REDIRECTS), what=_what(media_io))
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _fetch_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The fetch threads: as many as there are slots, so a fetch that got a slot never queues."""
+    global _pool
+    from minicpmv_ascend import media_urls
+
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(media_urls.SLOTS.limit, thread_name_prefix="media-url")
+        return _pool
+
+
+def _fetch_in_slot(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
+    from minicpmv_ascend import media_urls
+
+    try:
+        return _fetch(connector, url, media_io, fetch_timeout)
+    finally:
+        media_urls.SLOTS.release()
+
+
+async def _fetch_async(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
+    from minicpmv_ascend import media_urls
+
+    media_urls.SLOTS.acquire(_what(media_io))  # over the bound: refused now, never queued
+    future = _fetch_pool().submit(_fetch_in_slot, connector, url, media_io, fetch_timeout)
+    # A fetch cancelled before it started (the client went away) gives its slot back here; one
+    # that started gives it back when it ends, by its deadline at the latest.
+    future.add_done_callback(lambda done: media_urls.SLOTS.release() if done.cancelled() else None)
+    return await asyncio.wrap_future(future)
 
 
 def _is_http(url: str) -> bool:
@@ -72,7 +119,10 @@ def _load(original: Any) -> Any:
     def load(self: Any, url: str, media_io: Any, *, fetch_timeout: Any = None) -> Any:
         if _public(self) is None or not _is_http(url):
             return original(self, url, media_io, fetch_timeout=fetch_timeout)
-        return media_io.load_bytes(_fetch(self, url, media_io, fetch_timeout))
+        from minicpmv_ascend import media_urls
+
+        media_urls.SLOTS.acquire(_what(media_io))
+        return media_io.load_bytes(_fetch_in_slot(self, url, media_io, fetch_timeout))
 
     return load
 
@@ -82,9 +132,8 @@ def _load_async(original: Any) -> Any:
     async def load(self: Any, url: str, media_io: Any, *, fetch_timeout: Any = None) -> Any:
         if _public(self) is None or not _is_http(url):
             return await original(self, url, media_io, fetch_timeout=fetch_timeout)
-        loop = asyncio.get_running_loop()
-        data = await loop.run_in_executor(None, _fetch, self, url, media_io, fetch_timeout)
-        return await loop.run_in_executor(None, media_io.load_bytes, data)
+        data = await _fetch_async(self, url, media_io, fetch_timeout)
+        return await asyncio.get_running_loop().run_in_executor(None, media_io.load_bytes, data)
 
     return load
 

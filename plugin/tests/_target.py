@@ -37,8 +37,8 @@ PROCESSING_PATCHES = ("processor-version", "image-size-order", "max-slice-nums")
 # The API-server patches both targets need (each shown on the target's own server loop, media
 # loader, request models and chat/Responses parsers in test_server_patches.py and
 # test_fuzz_findings.py).
-SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "image-bomb-400",
-                  "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
+SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "data-url-400", "image-bomb-400",
+                  "image-shape-400", "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
                   "public-media-urls")
 # What each target's own code needs on this CPU (platform "unspecified": rotary-mrope is for Ascend
 # only, gdn-one-token-prefill for vLLM-CPU's conv kernel only). This is the claim the tests check

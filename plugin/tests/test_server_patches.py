@@ -114,13 +114,14 @@ def test_server_patch_predicates(target):
     from PIL import Image
 
     import minicpmv_ascend_plugin as plugin
-    from minicpmv_ascend_plugin import _base, file_url_400, image_bomb_400
+    from minicpmv_ascend_plugin import _base, data_url_400, file_url_400, image_bomb_400
 
     for patch in plugin.PATCHES:
         if patch.name in PREDICATES:
             assert (patch.check(None) is None) == target.needs(patch.name), (patch.name, patch.check(None))
     # The probes call vLLM's own loaders: file:// without a directory, and a decompression bomb.
     assert isinstance(file_url_400.probe(), RuntimeError) == target.needs("file-url-400")
+    assert isinstance(data_url_400.probe(), NotImplementedError) == target.needs("data-url-400")
     assert isinstance(image_bomb_400.probe(), Image.DecompressionBombError) == target.needs("image-bomb-400")
     # json-whitespace: the target's xgrammar backend compiles without a bound, through self.compiler
     # (test_json_whitespace.py shows what that lets through).
@@ -240,14 +241,42 @@ ERROR_RESPONSE = textwrap.dedent("""
 """)
 
 
-def test_file_url_without_directory_and_decompression_bomb_are_400s(target):
+def test_media_loader_refusals_are_400s(target):
+    """file:// without a directory, a non-base64 data URL, a decompression bomb, an image of an
+    extreme aspect ratio: each a 400 with the plugin, on the target's own connector and loader."""
     code = ERROR_RESPONSE + textwrap.dedent("""
-        import json
+        import asyncio, json
         from vllm.multimodal.media.connector import MediaConnector
         from vllm.multimodal.media.image import ImageMediaIO
         from vllm.plugins import load_general_plugins
         load_general_plugins()
         out = {}
+        import base64, io
+        from PIL import Image
+        def png_url(width, height):
+            buffer = io.BytesIO()
+            Image.new("RGB", (width, height), (200, 40, 40)).save(buffer, "PNG")
+            return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        for name, size in (("wide", (1000, 4)), ("tall", (3, 2000)), ("fine", (400, 4))):
+            for mode in ("sync", "async"):
+                try:
+                    if mode == "sync":
+                        image = MediaConnector().fetch_image(png_url(*size))
+                    else:
+                        image = asyncio.run(MediaConnector().fetch_image_async(png_url(*size)))
+                    out[f"{name}-{mode}"] = ["served", list(image.size), 200]
+                except Exception as error:
+                    out[f"{name}-{mode}"] = [type(error).__name__, str(error), create_error_response(error).error.code]
+        for name, url in (("percent", "data:image/png,%89PNG%0D%0A"), ("plain", "data:,hello"),
+                          ("charset", "data:image/png;charset=utf-8,%89PNG")):
+            for mode in ("sync", "async"):
+                try:
+                    if mode == "sync":
+                        MediaConnector().load_from_url(url, ImageMediaIO())
+                    else:
+                        asyncio.run(MediaConnector().load_from_url_async(url, ImageMediaIO()))
+                except Exception as error:
+                    out[f"{name}-{mode}"] = [type(error).__name__, str(error), create_error_response(error).error.code]
         for name, connector in (("none", MediaConnector()), ("dir", MediaConnector(allowed_local_media_path="/tmp"))):
             try:
                 connector.load_from_url("file:///etc/hostname", ImageMediaIO())
@@ -268,6 +297,24 @@ def test_file_url_without_directory_and_decompression_bomb_are_400s(target):
         assert results["off"]["none"][0::2] == ["RuntimeError", 500]  # the bug
     else:
         assert results["off"]["none"][2] == 400
+    for name in ("percent", "plain", "charset"):
+        for case in (f"{name}-sync", f"{name}-async"):
+            kind, message, status = results["plugin"][case]
+            assert (kind, status) == ("ValueError", 400) and "only base64 data URLs" in message, (case, message)
+            assert ";base64," in message
+            off = results["off"][case]
+            if not target.needs("data-url-400"):
+                assert off[2] == 400
+            elif name == "charset" or target.vllm != "0.23.0":
+                assert off[0::2] == ["NotImplementedError", 501], off  # the bug
+            else:  # 0.23 splits on the first ';' and fails without one: a 400 that says nothing useful
+                assert off == ["ValueError", "not enough values to unpack (expected 2, got 1)", 400], off
+    for case in ("wide-sync", "wide-async", "tall-sync", "tall-async"):
+        kind, message, status = results["plugin"][case]
+        assert (kind, status) == ("ValueError", 400) and "exceeds this server's limit of 200:1" in message, message
+        if target.needs("image-shape-400"):
+            assert results["off"][case][0] == "served", results["off"][case]  # the gap: any shape goes on
+    assert results["plugin"]["fine-sync"] == results["plugin"]["fine-async"] == ["served", [400, 4], 200]
     # Outside the directory: vLLM's own ValueError (400), with and without the plugin.
     assert results["plugin"]["dir"][0::2] == results["off"]["dir"][0::2] == ["ValueError", 400]
     kind, message, status = results["plugin"]["bomb"]
@@ -407,6 +454,9 @@ WRAPPED = textwrap.dedent("""
     out["uvicorn.Config.load"] = wrapped(uvicorn.config.Config.load)
     out["uvicorn.Server.capture_signals"] = wrapped(uvicorn.server.Server.capture_signals)
     out["MediaConnector._load_file_url"] = wrapped(MediaConnector._load_file_url)
+    out["MediaConnector._load_data_url"] = wrapped(MediaConnector._load_data_url)
+    out["MediaConnector.fetch_image"] = wrapped(MediaConnector.fetch_image)
+    out["MediaConnector.fetch_image_async"] = wrapped(MediaConnector.fetch_image_async)
     out["MediaConnector.load_from_url"] = wrapped(MediaConnector.load_from_url)
     out["MediaConnector.load_from_url_async"] = wrapped(MediaConnector.load_from_url_async)
     out["ImageMediaIO.load_bytes"] = wrapped(ImageMediaIO.load_bytes)
@@ -420,8 +470,10 @@ WRAPPED = textwrap.dedent("""
 WRAPS = {"terminate_if_errored": "engine-death-exit", "run_server": "engine-death-exit",
          "AsyncLLM.shutdown": "engine-death-exit", "uvicorn.Config.__init__": "shutdown-cut-requests",
          "uvicorn.Config.load": "shutdown-drain-503", "uvicorn.Server.capture_signals": "uvicorn-signals",
-         "MediaConnector._load_file_url": "file-url-400", "MediaConnector.load_from_url": "public-media-urls",
-         "MediaConnector.load_from_url_async": "public-media-urls", "ImageMediaIO.load_bytes": "image-bomb-400",
+         "MediaConnector._load_file_url": "file-url-400", "MediaConnector._load_data_url": "data-url-400",
+         "MediaConnector.load_from_url": "public-media-urls",
+         "MediaConnector.load_from_url_async": "public-media-urls", "MediaConnector.fetch_image": "image-shape-400",
+         "MediaConnector.fetch_image_async": "image-shape-400", "ImageMediaIO.load_bytes": "image-bomb-400",
          "ModelField.validate": "request-type-400", "/invocations TypeAdapter": "request-type-400",
          "_parse_chat_message_content_part": "content-part-400",
          "_construct_message_from_response_item": "responses-assistant-content",

@@ -19,7 +19,8 @@ def _doc_flag(setting: Setting) -> str:
         return "`MODEL` (positional)"
     if setting.emit == "env":
         # Both API-key settings end up in vLLM's environment, never on its command line.
-        return "env `VLLM_API_KEY` of vLLM"
+        where = f"env `{'VLLM_API_KEY' if setting.name.startswith('api_key') else setting.env}` of vLLM"
+        return where + (f" and `--middleware {setting.middleware}`" if setting.middleware else "")
     if setting.emit == "middleware":
         on = access.middleware_path(True).rpartition(".")[2]
         return f"`--middleware {access.middleware_path(False)}` (true: `.{on}`)"

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend import access, media_urls, tool_calls
+from minicpmv_ascend import access, media_urls, request_guard, tool_calls
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
 from minicpmv_ascend.settings import checks
@@ -135,6 +135,8 @@ def setting_argv(setting: Setting, value: Any) -> list[str]:
         return [flag, str(value)]
     if setting.emit == "middleware":
         return ["--middleware", access.middleware_path(bool(value))]
+    if setting.emit == "env" and setting.middleware:
+        return ["--middleware", setting.middleware]
     return []  # positional, env, launcher, or not passed
 
 
@@ -206,7 +208,13 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     # allowed host could lead anywhere (an internal address, SSRF). In public mode every hop is
     # checked (media_urls), so redirects are followed there.
     public = media_urls.PUBLIC in resolution["allowed_media_domains"]
-    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0"}
+    env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0",
+                                    media_urls.FETCHES_ENV: str(resolution["media_url_fetches"]),
+                                    request_guard.LIMIT_ENV: str(resolution["max_request_body_mb"]),
+                                    "MAX_IMAGE_ASPECT_RATIO": str(resolution["max_image_aspect_ratio"]),
+                                    # n sequences take n batch slots: n past max_num_seqs only queues
+                                    # work behind itself (vLLM's own cap is 16384)
+                                    "VLLM_MAX_N_SEQUENCES": str(effective["max_num_seqs"])}
     if model_dir is not None:
         env_defaults["HF_HUB_OFFLINE"] = "1"  # a local directory never needs the hub
     if platform == "cpu":

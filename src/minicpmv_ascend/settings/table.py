@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from minicpmv_ascend import tool_calls
+from minicpmv_ascend import media_urls, request_guard, tool_calls
 from minicpmv_ascend.settings.types import (
     Count,
     DType,
@@ -46,7 +46,8 @@ REAL_MODEL_HINT = "MODEL_PATH=/path/to/MiniCPM-V-4.6-Thinking"
 #   json        --flag '{"compact": "json"}' (omitted when empty)
 #   list        --flag A B (vLLM's nargs="+"; omitted when the effective value is None)
 #   positional  the MODEL argument of `vllm serve`
-#   env         only through the exec'd process's environment (secrets)
+#   env         only through the exec'd process's environment (secrets, and what the kit's
+#               in-server modules read; plus --middleware `middleware` when one is set)
 #   middleware  --middleware with the access-control class the value selects (minicpmv_ascend.access)
 #   launcher    used by the launcher itself, never by vLLM
 Emit = Literal["value", "bool", "json", "list", "positional", "env", "middleware", "launcher"]
@@ -64,7 +65,8 @@ class Setting:
     aliases: tuple[str, ...] = ()  # other vLLM spellings that mean this setting (e.g. -tp)
     env_name: str | None = None  # None: the name upper-cased
     secret: bool = False
-    middleware: str | None = None  # emit "bool": an ASGI middleware vLLM gets (--middleware) while true
+    middleware: str | None = None  # emit "bool": an ASGI middleware vLLM gets (--middleware) while true;
+    # emit "env": one it always gets (configured by the variable)
 
     @property
     def env(self) -> str:
@@ -121,7 +123,12 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--data-parallel-size", aliases=("-dp",)),
     Setting("max_model_len", Count, 8192,
             "Longest context (prompt + output tokens) per request.", flag="--max-model-len"),
-    Setting("max_num_seqs", Count, 16, "Most requests batched together.", flag="--max-num-seqs"),
+    Setting("max_num_seqs", Count, 16,
+            "Most requests batched together; also the most sequences one request may ask for (`n`): the "
+            "launcher sets vLLM's VLLM_MAX_N_SEQUENCES (default 16384) to this unless the environment "
+            "sets it, since n sequences are n batch slots and n past this fills the batch for several "
+            "rounds (`n=1000`: 20-108 s of engine time for one request). Past it: 400.",
+            flag="--max-num-seqs"),
     Setting("max_num_batched_tokens", Count, 8192,
             "Token budget per scheduler step (OpenBMB's guide uses 8192).",
             flag="--max-num-batched-tokens"),
@@ -195,10 +202,31 @@ SETTINGS: tuple[Setting, ...] = (
             "hosts to public mode. `*`: any host, internal ones included (vLLM's own default, not "
             "recommended). docs/reliability.md, Media fetching.",
             emit="list", flag="--allowed-media-domains"),
+    Setting("media_url_fetches", Count, media_urls.DEFAULT_FETCHES,
+            "Most media URL fetches in flight, server-wide, in public mode (the plugin's own threads); "
+            "a request needing one more is refused at once with a 400 that says so. Each fetch has ONE "
+            "deadline for all its steps and hops (VLLM_IMAGE_FETCH_TIMEOUT 5 s, VLLM_VIDEO_FETCH_TIMEOUT "
+            "30 s), so a slow host holds a slot for at most that. 32: honest fetches take 0.1-0.5 s, so "
+            "32 slots carry more than the engine encodes, at most 32 x 20 MiB of bodies in memory, and "
+            "asyncio's and vLLM's own thread pools stay free (docs/reliability.md, Media fetching).",
+            emit="env", env_name=media_urls.FETCHES_ENV),
+    Setting("max_image_aspect_ratio", Count, 200,
+            "Longest side / shortest side an image may have (the plugin's image-shape-400; no vLLM setting "
+            "bounds it): past it 400 before the processor slices the image (a 100000x1 PNG, a few hundred "
+            "bytes, cost 13-53 s of processing). 200: Qwen2-VL's processor bound; long screenshots and "
+            "panoramas stay far below. The pixel count is vLLM's VLLM_MAX_IMAGE_PIXELS (178956970), "
+            "which the same check applies on vLLM 0.23 too.",
+            emit="env", env_name="MAX_IMAGE_ASPECT_RATIO"),
     Setting("allowed_local_media_path", str, "",
             "Server directory whose files clients may send as file:// image URLs (absolute path "
             "of an existing directory, not /). Empty: file:// URLs are refused.",
             flag="--allowed-local-media-path"),
+    Setting("max_request_body_mb", Count, request_guard.DEFAULT_LIMIT_MB,
+            "Largest request body in MiB: a larger one gets 413 before it is read (vLLM reads any size). "
+            "160: five images at OpenAI's 20 MiB limit, base64-encoded, plus the request. The same "
+            "layer refuses text the engine cannot encode (a lone UTF-16 surrogate such as \\ud800 in "
+            "any string field) with a 400 naming the field (docs/reliability.md).",
+            emit="env", env_name=request_guard.LIMIT_ENV, middleware=request_guard.MIDDLEWARE),
     Setting("api_key", str, "",
             "API key clients must send as `Authorization: Bearer ...`; reaches vLLM only "
             "through its environment, never its command line or logs.",

@@ -41,6 +41,11 @@ bounded run can afford:
    item of one kind). Without this, 0 of ~1,700 chat requests of a slice reached the engine (479
    of them that 400), and 3 to 7 of ~3,000 responses requests; tests/test_fuzz_findings.py keeps
    the 400 itself tested.
+6. Hostile values no schema describes (issue 21; fuzz.hostile): a lone UTF-16 surrogate appended to
+   one string of one body in fuzz.HOSTILE_EVERY (a marker in the body, written as the ASCII JSON
+   escape \ud800 by this module's JSON serializer), and a data URL that is not base64 in a `url`
+   field of one in HOSTILE_EVERY; before the kit's request guard and its data-url-400 patch these
+   were 500 and 501.
 Everything else (types, ranges, unknown fields, streaming, templates, ...) is generated as the
 schema allows, in both schemathesis modes (valid and invalid per the schema).
 
@@ -60,7 +65,7 @@ from typing import Any
 
 import schemathesis
 
-from minicpmv_ascend.tools.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N
+from minicpmv_ascend.tools.fuzz import MAX_MODEL_LEN, N_CAP, OUTPUT_CAP, VLLM_MAX_N, ascii_json, hostile
 
 OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens")
 COUNT_KEYS = ("n", "best_of")
@@ -176,8 +181,22 @@ def before_load_schema(context: Any, raw_schema: dict[str, Any]) -> None:
 def map_case(context: Any, case: Any) -> Any:
     # map_case, not map_body: schemathesis applies map_case in every phase (its coverage phase
     # builds cases without the body hooks).
-    case.body = with_user_turn(case.operation.path, cap_body(case.operation.path, case.body))
+    case.body = hostile(with_user_turn(case.operation.path, cap_body(case.operation.path, case.body)))
     return case
+
+
+@schemathesis.serializer("application/json")
+def json_with_lone_surrogates(ctx: Any, value: Any) -> bytes:
+    """application/json bodies as ASCII JSON, fuzz.SURROGATE_MARKER as a lone surrogate (change 6);
+    otherwise as schemathesis's own serializer sends them (raw bytes as given, None as null)."""
+    if isinstance(value, bytes):
+        return value
+    if value is None:
+        return b"null"
+    try:
+        return ascii_json(value)
+    except TypeError:  # schemathesis's Binary inside a JSON body: the string it stands for
+        return json.dumps(str(value)).encode()
 
 
 def _json(content: bytes) -> Any:
