@@ -213,9 +213,10 @@ class _Deadline:
         return left
 
 
-class _DeadlineSocket(socket.socket):
-    """A TCP socket whose every receive and send waits at most until the fetch's deadline
-    (http.client reads the status line, the headers, chunk sizes and the body through recv_into)."""
+class _DeadlineCalls:
+    """Every receive and send of a socket waits at most until the fetch's deadline: the timeout is
+    set to the time left before each call (http.client reads the status line, the headers, chunk
+    sizes and the body through recv_into)."""
 
     deadline: _Deadline
 
@@ -232,27 +233,17 @@ class _DeadlineSocket(socket.socket):
         return super().sendall(*args, **kwargs)
 
 
-class _DeadlineSSLSocket(ssl.SSLSocket):
+class _DeadlineSocket(_DeadlineCalls, socket.socket):
+    """A TCP socket bounded by the fetch's deadline."""
+
+
+class _DeadlineSSLSocket(_DeadlineCalls, ssl.SSLSocket):
     """The same for TLS: CPython's ssl module applies a socket's timeout to a whole read, write or
     handshake call, so setting it to the time left before each call bounds the fetch."""
-
-    deadline: _Deadline
-
-    def recv_into(self, *args: Any, **kwargs: Any) -> int:
-        self.settimeout(self.deadline.left())
-        return super().recv_into(*args, **kwargs)
-
-    def recv(self, *args: Any, **kwargs: Any) -> bytes:
-        self.settimeout(self.deadline.left())
-        return super().recv(*args, **kwargs)
 
     def read(self, *args: Any, **kwargs: Any) -> Any:
         self.settimeout(self.deadline.left())
         return super().read(*args, **kwargs)
-
-    def sendall(self, *args: Any, **kwargs: Any) -> None:
-        self.settimeout(self.deadline.left())
-        return super().sendall(*args, **kwargs)
 
     def do_handshake(self, *args: Any, **kwargs: Any) -> None:
         self.settimeout(self.deadline.left())
