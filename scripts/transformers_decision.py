@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Which transformers the Ascend image ships: the base image's own, or the table's pin.
 
-Run by the Dockerfile in the base image's Python (standard library only, Python 3.11+; the base
-images run 3.12), before anything is installed:
+Run by the Dockerfile in the base image's Python (the standard library and `packaging`, Python
+3.11+; the base images run 3.12), before anything is installed:
 
     transformers_decision.py decide --pin 5.14.1 --record FILE --requirement-file FILE
                                     [--target v0.30.0 --variant a2]
@@ -35,9 +35,15 @@ import importlib.metadata
 import importlib.util
 import json
 import pathlib
-import re
 import sys
 from typing import Any
+
+# Not the standard library: every image this runs in has `packaging` (transformers and vllm-ascend
+# require it; the base images ship both), and pip reads versions with the same library.
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 CONFIG_CLASS = "MiniCPMV4_6Config"
 CONFIG_MODULE = ("models", "minicpmv4_6", "configuration_minicpmv4_6.py")
@@ -46,145 +52,14 @@ BREAKING_TRANSFORMERS = "5.21"
 LAST_VLLM_WITH_OLD_CALLS = (0, 33)
 
 # --------------------------------------------------------------------------------------------
-# Versions and specifiers (PEP 440, the parts vLLM's and transformers' metadata use)
+# Versions and specifiers: the `packaging` library (PEP 440, as pip reads them)
 # --------------------------------------------------------------------------------------------
 
-_VERSION = re.compile(
-    r"""^\s*v?(?:(?P<epoch>\d+)!)?(?P<release>\d+(?:\.\d+)*)
-    (?:[-_.]?(?P<pre_l>a|b|c|rc|alpha|beta|pre|preview)[-_.]?(?P<pre_n>\d+)?)?
-    (?:-(?P<post_n1>\d+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>\d+)?)?
-    (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>\d+)?)?
-    (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""",
-    re.VERBOSE | re.IGNORECASE,
-)
-_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-_INF = 1 << 62
 
-
-@dataclasses.dataclass(frozen=True)
-class Version:
-    text: str
-    epoch: int
-    release: tuple[int, ...]
-    pre: tuple[int, int] | None
-    post: int | None
-    dev: int | None
-    local: str | None
-
-    @classmethod
-    def parse(cls, text: str) -> Version:
-        m = _VERSION.match(text)
-        if not m:
-            raise ValueError(f"not a version: {text!r}")
-        pre = (_PRE_RANK[m["pre_l"].lower()], int(m["pre_n"] or 0)) if m["pre_l"] else None
-        post_n = m["post_n1"] or m["post_n2"]
-        post = int(post_n or 0) if (m["post_n1"] or m["post_l"]) else None
-        dev = int(m["dev_n"] or 0) if m["dev_l"] else None
-        return cls(text.strip(), int(m["epoch"] or 0), tuple(int(p) for p in m["release"].split(".")),
-                   pre, post, dev, m["local"])
-
-    @property
-    def public(self) -> Version:
-        return dataclasses.replace(self, local=None)
-
-    @property
-    def is_prerelease(self) -> bool:
-        return self.pre is not None or self.dev is not None
-
-    def key(self) -> tuple:
-        release = list(self.release)
-        while len(release) > 1 and release[-1] == 0:
-            release.pop()  # 5.14 == 5.14.0
-        if self.pre is None and self.post is None and self.dev is not None:
-            pre = (-1, 0)  # 1.0.dev0 < 1.0a0
-        else:
-            pre = self.pre if self.pre is not None else (_INF, 0)
-        post = self.post if self.post is not None else -1
-        dev = self.dev if self.dev is not None else _INF
-        local = tuple((1, int(p), "") if p.isdigit() else (0, 0, p.lower())
-                      for p in re.split(r"[-_.]", self.local)) if self.local else ()
-        return self.epoch, tuple(release), pre, post, dev, local
-
-    def __lt__(self, other: Version) -> bool:
-        return self.key() < other.key()
-
-    def __le__(self, other: Version) -> bool:
-        return self.key() <= other.key()
-
-    def __gt__(self, other: Version) -> bool:
-        return self.key() > other.key()
-
-    def __ge__(self, other: Version) -> bool:
-        return self.key() >= other.key()
-
-    def same(self, other: Version) -> bool:
-        return self.key() == other.key()
-
-
-def _prefix_match(version: Version, prefix: str) -> bool:
-    """`==5.0.*`: the release starts with 5.0 (any pre, post or dev release of it included)."""
-    wanted = Version.parse(prefix)
-    if version.epoch != wanted.epoch:
-        return False
-    n = len(wanted.release)
-    release = version.release + (0,) * max(0, n - len(version.release))
-    return release[:n] == wanted.release
-
-
-def _clause_contains(op: str, spec: str, version: Version) -> bool:
-    if op == "===":
-        return version.text.lower() == spec.lower()
-    if spec.endswith(".*"):
-        if op not in ("==", "!="):
-            raise ValueError(f"{op}{spec}: a wildcard needs == or !=")
-        hit = _prefix_match(version, spec[:-2])
-        return hit if op == "==" else not hit
-    target = Version.parse(spec)
-    if op in ("==", "!="):
-        candidate = version if target.local else version.public
-        return candidate.same(target) == (op == "==")
-    candidate = version.public  # ordered comparisons ignore local labels
-    if op == "~=":
-        if len(target.release) < 2:
-            raise ValueError(f"~={spec}: needs at least two release numbers")
-        prefix = ".".join(str(p) for p in target.release[:-1])
-        return candidate >= target and _prefix_match(candidate, prefix)
-    if op == ">=":
-        return candidate >= target
-    if op == "<=":
-        return candidate <= target
-    if op == "<":
-        # <V excludes pre-releases of V itself unless V is one (PEP 440).
-        same_release = candidate.public.key()[:2] == target.key()[:2]
-        return candidate < target and not (same_release and candidate.is_prerelease and not target.is_prerelease)
-    if op == ">":
-        # >V excludes post-releases of V unless V is one.
-        same_release = candidate.key()[:2] == target.key()[:2]
-        return candidate > target and not (same_release and candidate.post is not None and target.post is None)
-    raise ValueError(f"unknown operator {op!r}")
-
-
-_CLAUSE = re.compile(r"^\s*(===|~=|==|!=|<=|>=|<|>)\s*([^\s,;]+)\s*$")
-
-
-def spec_contains(spec: str, version: str | Version) -> bool:
+def spec_contains(spec: str, version: str) -> bool:
     """Whether `version` satisfies every clause of `spec` ("" allows any version). Installed
     versions are judged as they are: a pre-release is not excluded for being one."""
-    v = version if isinstance(version, Version) else Version.parse(version)
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        m = _CLAUSE.match(clause)
-        if not m:
-            raise ValueError(f"not a version clause: {clause!r}")
-        if not _clause_contains(m[1], m[2], v):
-            return False
-    return True
-
-
-def _normalise_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$")
+    return SpecifierSet(spec).contains(Version(version), prereleases=True)
 
 
 def requirement_spec(requirements: list[str] | None, name: str) -> str | None:
@@ -195,12 +70,12 @@ def requirement_spec(requirements: list[str] | None, name: str) -> str | None:
     """
     specs = []
     for line in requirements or []:
-        m = _REQUIREMENT.match(line)
-        if not m or _normalise_name(m[1]) != _normalise_name(name):
+        requirement = Requirement(line)
+        if canonicalize_name(requirement.name) != canonicalize_name(name):
             continue
-        if m[4] and re.search(r"\bextra\b", m[4]):
+        if requirement.marker is not None and "extra" in str(requirement.marker):
             continue
-        specs.append(m[3].strip())
+        specs.append(str(requirement.specifier))
     if not specs:
         return None
     return ",".join(s for s in specs if s)
@@ -217,12 +92,12 @@ def problems(version: str | None, has_class: bool | None, vllm_version: str, vll
     if version is None:
         return ["no transformers is installed"]
     out = []
-    v = Version.parse(version)
+    v = Version(version)
     if has_class is False:
         out.append(f"it has no {CONFIG_CLASS} (MiniCPM-V 4.6 is not in this transformers)")
-    if vllm_spec and not spec_contains(vllm_spec, v):
+    if vllm_spec and not spec_contains(vllm_spec, version):
         out.append(f"it is outside the range vLLM {vllm_version} requires (transformers{vllm_spec})")
-    if Version.parse(vllm_version).release[:2] <= LAST_VLLM_WITH_OLD_CALLS and v >= Version.parse(BREAKING_TRANSFORMERS):
+    if Version(vllm_version).release[:2] <= LAST_VLLM_WITH_OLD_CALLS and v >= Version(BREAKING_TRANSFORMERS):
         out.append(f"it is {BREAKING_TRANSFORMERS} or newer, whose find_best_resize/get_refine_size "
                    f"signatures vLLM {vllm_version} (0.33 or older) does not call correctly")
     return out
@@ -244,14 +119,14 @@ class Decision:
 def decide(base_version: str | None, base_has_class: bool | None, vllm_version: str, vllm_spec: str | None,
            pin: str) -> Decision:
     rules = f"vLLM {vllm_version} requires transformers{vllm_spec or ' (any version)'}"
-    if Version.parse(vllm_version).release[:2] <= LAST_VLLM_WITH_OLD_CALLS:
+    if Version(vllm_version).release[:2] <= LAST_VLLM_WITH_OLD_CALLS:
         rules += f"; below {BREAKING_TRANSFORMERS} for vLLM <= 0.33"
     base = problems(base_version, base_has_class, vllm_version, vllm_spec)
     if not base:
         return Decision("keep", base_version, [], [],
                         f"keep the base image's transformers {base_version}: it has {CONFIG_CLASS} and meets the "
                         f"rules ({rules})")
-    pin_has_class = base_has_class if base_version is not None and Version.parse(pin).same(Version.parse(base_version)) else None
+    pin_has_class = base_has_class if base_version is not None and Version(pin) == Version(base_version) else None
     pinned = problems(pin, pin_has_class, vllm_version, vllm_spec)
     why_base = "; ".join(base)
     if not pinned:
@@ -350,7 +225,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     record = json.loads(args.record.read_text(encoding="utf-8"))
     installed, wanted = _dist_version("transformers"), record["transformers"]
     wrong = []
-    if installed is None or not Version.parse(installed).same(Version.parse(wanted)):
+    if installed is None or Version(installed) != Version(wanted):
         wrong.append(f"transformers {installed or '(none)'} is installed, the decision was {wanted} "
                      f"({record['decision']}): another package's requirement changed it during pip install")
     elif not transformers_has_config_class():
