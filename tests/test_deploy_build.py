@@ -175,8 +175,8 @@ def stand_in_transformers(site: pathlib.Path, version: str, with_model: bool) ->
 
 def interpreters() -> list:
     return [pytest.param(PY311, id="py3.11"),
-            pytest.param(PY312, id="py3.12", marks=pytest.mark.skipif(
-                not PY312.exists(), reason="run `make py312` (make test does)"))]
+            pytest.param(PY312, id="py3.12", marks=[pytest.mark.py312, pytest.mark.skipif(
+                not PY312.exists(), reason="run `make py312` (make test does)")])]
 
 
 def run_decision(python: pathlib.Path, site: pathlib.Path, *args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,8 @@ from conftest import REPO, clean_env
 
 PY312 = REPO / ".venv-py312" / "bin" / "python"
 
-pytestmark = pytest.mark.skipif(not PY312.exists(), reason="run `make py312` (make test does)")
+pytestmark = [pytest.mark.py312,
+              pytest.mark.skipif(not PY312.exists(), reason="run `make py312` (make test does)")]
 
 
 def run312(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

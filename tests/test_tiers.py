@@ -41,8 +41,9 @@ def test_two_engines_as_declared():
 @pytest.fixture
 def inner(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
+                          "tiers.PY312_VENV = '/stand-in-venv-py312/'\n"
                           "def pytest_configure(config):\n    config.pluginmanager.register(tiers, 'tiers')\n")
-    pytester.makeini("[pytest]\nmarkers =\n    server\n    engine\n    slow\n")
+    pytester.makeini("[pytest]\nmarkers =\n    server\n    engine\n    slow\n    py312\n")
     return pytester
 
 
@@ -81,3 +82,35 @@ def test_a_fork_of_pytest_before_its_exec_is_not_flagged(inner: pytest.Pytester)
     and the command was killed (seen on a loaded machine: kubectl killed with -9, 89 errors)."""
     inner.makepyfile(test_inner=FORK)
     inner.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+PY312 = '''
+import pathlib, shutil, subprocess, time
+import pytest
+
+def run_the_second_python():  # a stand-in for .venv-py312/bin/python: `sleep`, under that path
+    python = pathlib.Path.cwd() / "stand-in-venv-py312" / "bin" / "python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    if not python.exists():
+        python.symlink_to(shutil.which("sleep"))
+    proc = subprocess.Popen([str(python), "5"])
+    time.sleep(1.5)  # the plugin samples every 0.5 s
+    proc.kill()
+    proc.wait()
+
+def test_unmarked():
+    run_the_second_python()
+
+@pytest.mark.py312
+def test_marked():
+    run_the_second_python()
+'''
+
+
+def test_a_test_running_the_second_python_unmarked_fails(inner: pytest.Pytester) -> None:
+    """`make check` deselects `py312` and builds no 3.12 venv: a test that runs one unmarked would
+    need it there."""
+    inner.makepyfile(test_inner=PY312)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_unmarked*a process of the Python 3.12 venv started: mark it `py312`*"])

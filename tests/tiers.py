@@ -9,6 +9,8 @@ starts no vLLM and loads no torch outside the pytest process, whatever a test's 
   (`tiny_checkpoint`), or a process of its own that loads torch (vLLM's argument parser, its app
   or protocol code, a dry run of the launcher: ~10 s each). Tests that only read the checkpoint's
   config, tokenizer or file layout use `tiny_config` instead.
+- `py312`: runs the package on the second Python, 3.12 (the Ascend image's; `.venv-py312`, built by
+  `make py312`), so that `make check` needs no second Python's venv.
 
 At collection, a test that uses a shared server's fixture (directly or through another fixture)
 must be marked `server`, and a test marked `server` must use one; a test that uses `tiny_checkpoint` must
@@ -30,10 +32,11 @@ import threading
 import psutil
 import pytest
 
-MARKERS = ("server", "engine", "slow")
+MARKERS = ("server", "engine", "slow", "py312")
 VLLM_TITLE = "VLLM::"  # how vLLM titles its engine and worker processes (tests/test_tiers.py swaps it)
 SHARED_SERVERS = {"server", "other_server"}  # the fixtures of tests/conftest.py
 POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
+PY312_VENV = "/.venv-py312/"  # in the command line of a process of the 3.12 venv (tests/test_tiers.py swaps it)
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
 
 _allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
@@ -60,6 +63,13 @@ def vllm_process(proc: psutil.Process) -> str | None:
     return None
 
 
+def runs_py312(proc: psutil.Process) -> bool:
+    try:
+        return PY312_VENV in proc.cmdline()[0]
+    except (psutil.Error, IndexError):
+        return False
+
+
 def loads_torch(proc: psutil.Process) -> bool:
     try:
         with open(f"/proc/{proc.pid}/maps") as maps:
@@ -78,7 +88,8 @@ class Watch:
         self.may_start_vllm = "engine" in marked
         self.engines_allowed = engines_declared(item) if self.may_start_vllm else 0
         self.counts = {"vllm serve": 0, "engine core": 0}
-        self.may_load_torch = bool(marked)
+        self.may_run_py312 = "py312" in marked
+        self.may_load_torch = bool(marked - {"py312"})
         self.me = psutil.Process()
         self.my_cmdline = self.me.cmdline()
         self.before = {p.pid for p in self.me.children(recursive=True)}
@@ -123,6 +134,10 @@ class Watch:
                         self._violation(proc, f"vLLM started ({kind}) beyond the test's declared "
                                               f"engines={self.engines_allowed}: share a server, or declare "
                                               "what the test needs and say why")
+                elif not self.may_run_py312 and runs_py312(proc):
+                    self.seen.add(proc.pid)
+                    self._violation(proc, "a process of the Python 3.12 venv started: mark it `py312` "
+                                          "(`make check` builds no second Python)")
                 elif not self.may_load_torch and loads_torch(proc):
                     self.seen.add(proc.pid)
                     self._violation(proc, "a process that loads torch started: mark it `slow` (or "
