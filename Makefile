@@ -108,11 +108,13 @@ test:
 # vLLM server, no engine, no torch outside the pytest process (not the generated checkpoint, not
 # vLLM's parser in a subprocess) and no second Python: the markers in pyproject.toml, enforced by
 # tests/tiers.py. Under 90 s after `make venv`; it prints its wall time.
+# Two pytest-xdist workers: the unit tier is ~100 CPU-seconds, mostly subprocesses and waits.
 UNIT_TIER := not server and not engine and not slow and not py312
+CHECK_WORKERS ?= 2
 check: venv lint-tools
 	@status=0; start=$$(date +%s); \
 	$(RUFF) || status=$$?; \
-	$(VPY) -m pytest -m "$(UNIT_TIER)" $(PYTEST_ARGS) || status=$$?; \
+	$(VPY) -m pytest -n $(CHECK_WORKERS) -m "$(UNIT_TIER)" $(PYTEST_ARGS) || status=$$?; \
 	echo "make check wall time: $$(( $$(date +%s) - start )) s"; \
 	exit $$status
 
