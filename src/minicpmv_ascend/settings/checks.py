@@ -17,7 +17,8 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from minicpmv_ascend import tool_calls, vllm_source
+from minicpmv_ascend import vllm_source
+from minicpmv_ascend.server import tool_calls
 from minicpmv_ascend.settings.layers import Resolution, normalise_flag
 from minicpmv_ascend.settings.platform import (
     ASCEND_CONTROL_DEVICES,

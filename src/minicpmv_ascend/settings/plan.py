@@ -14,9 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend import access, media_urls, request_guard, tool_calls
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
+from minicpmv_ascend.server import access, media_urls, request_guard, tool_calls
 from minicpmv_ascend.settings import checks
 from minicpmv_ascend.settings.layers import Resolution
 from minicpmv_ascend.settings.platform import (

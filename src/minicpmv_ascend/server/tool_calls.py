@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from minicpmv_ascend import vllm_source
-from minicpmv_ascend.access import route_path
+from minicpmv_ascend.server.access import route_path
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -30,7 +30,7 @@ For each HTTP or WebSocket request:
 Delete when: vLLM's key check denies by default (vllm-project/vllm#58028) AND keeps /metrics and
 /health open, and vLLM has a switch for its admin routes; until then this is the kit's only
 access control. The declarations below are the single source of the docs' tables
-(`python -m minicpmv_ascend.access --markdown`) and of the tests' route classification.
+(`python -m minicpmv_ascend.server.access --markdown`) and of the tests' route classification.
 """
 
 from __future__ import annotations
