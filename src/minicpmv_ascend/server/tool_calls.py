@@ -1,4 +1,4 @@
-"""Tool calling: what the launcher checks about it, and what a client gets when a call is cut.
+"""Tool calling: what a client gets when a call is cut (what the launcher checks about it: vllm_source).
 
 A client must never receive a tool call whose arguments silently lack what the tool requires: it
 would run the tool with missing arguments. vLLM (0.23 - 0.33) can hand out exactly that:
@@ -43,7 +43,6 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from minicpmv_ascend import vllm_source
 from minicpmv_ascend.server.access import route_path
 
 Scope = MutableMapping[str, Any]
@@ -54,23 +53,6 @@ Send = Callable[[Message], Awaitable[None]]
 # SageMaker's /invocations runs the same handlers; the Responses API carries calls as output items.
 GUARDED_PATHS = ("/v1/chat/completions", "/v1/responses", "/invocations")
 MIDDLEWARE = f"{__name__}.ToolCallGuard"
-
-
-# --------------------------------------------------------------------------------------------
-# What the installed vLLM offers (read from its source: importing vLLM takes seconds)
-# --------------------------------------------------------------------------------------------
-
-
-def registered_tool_parsers() -> set[str]:
-    """Names in vLLM's lazy tool-parser table (`_TOOL_PARSERS_TO_REGISTER`); empty when unknown."""
-    source = vllm_source.read("tool_parsers/__init__.py", "entrypoints/openai/tool_parsers/__init__.py")
-    return vllm_source.table_keys(source, "_TOOL_PARSERS_TO_REGISTER")
-
-
-def has_tool_strict_level() -> bool:
-    """Whether `vllm serve` has `--tool-strict-level` (vLLM >= 0.32)."""
-    source = vllm_source.read("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
-    return "tool_strict_level" in source
 
 
 # --------------------------------------------------------------------------------------------
