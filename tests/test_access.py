@@ -250,17 +250,17 @@ def test_the_launcher_always_passes_the_access_control(tiny_config, tmp_path) ->
         plan = settings.build_plan(settings.resolve(list(args), env, config), env, "cpu")
         return [plan.vllm_args[i + 1] for i, a in enumerate(plan.vllm_args) if a == "--middleware"]
 
-    guard = "minicpmv_ascend.tool_calls.ToolCallGuard"  # with tool calling (on by default), inside it
-    request_guard = "minicpmv_ascend.request_guard.RequestGuard"  # always, between the two
-    assert middleware({}) == [guard, request_guard, "minicpmv_ascend.access.AccessControl"]
-    assert middleware({"ENABLE_AUTO_TOOL_CHOICE": "false"}) == [request_guard, "minicpmv_ascend.access.AccessControl"]
-    on = [guard, request_guard, "minicpmv_ascend.access.AccessControlWithAdminRoutes"]
+    guard = "minicpmv_ascend.server.tool_calls.ToolCallGuard"  # with tool calling (on by default), inside it
+    request_guard = "minicpmv_ascend.server.request_guard.RequestGuard"  # always, between the two
+    assert middleware({}) == [guard, request_guard, "minicpmv_ascend.server.access.AccessControl"]
+    assert middleware({"ENABLE_AUTO_TOOL_CHOICE": "false"}) == [request_guard, "minicpmv_ascend.server.access.AccessControl"]
+    on = [guard, request_guard, "minicpmv_ascend.server.access.AccessControlWithAdminRoutes"]
     assert middleware({"ENABLE_ADMIN_ROUTES": "true"}) == on
     (tmp_path / "serve.yaml").write_text("enable_admin_routes: true\n")
     assert middleware({}, config=tmp_path / "serve.yaml") == on
     # An operator's own --middleware goes to vLLM too; it does not replace the access control.
     assert middleware({}, ("--middleware", "my.Middleware")) == [guard, request_guard,
-                                                                  "minicpmv_ascend.access.AccessControl",
+                                                                  "minicpmv_ascend.server.access.AccessControl",
                                                                   "my.Middleware"]
     for path in (access.middleware_path(False), access.middleware_path(True)):
         module, _, name = path.rpartition(".")

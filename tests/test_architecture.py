@@ -4,7 +4,8 @@ the rule. Every import counts, also those inside functions.
 
 The checker is also run on a few made-up modules that break each rule (test_each_rule_catches...),
 so a rule that silently stopped matching anything would show; and the doc states every rule in the
-words a failure prints (test_the_doc_states_every_rule).
+words a failure prints (test_the_doc_states_every_rule). One test imports: the old module paths of
+the server package are aliases operators may name (test_the_old_module_paths_are_the_new_modules).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -19,24 +21,33 @@ import pytest
 from conftest import REPO
 
 PACKAGE, PLUGIN = "minicpmv_ascend", "minicpmv_ascend_plugin"
-# The modules vLLM loads into its API server: the access control and tool-call middleware, and the
-# media fetcher the plugin calls. The settings emit their names, so settings import them.
-IN_SERVER = {f"{PACKAGE}.access", f"{PACKAGE}.tool_calls", f"{PACKAGE}.media_urls", f"{PACKAGE}.request_guard"}
+# What vLLM loads into its API server: the access control, request guard and tool-call middleware, and
+# the media fetcher the plugin calls. The settings emit their names, so settings import them.
+SERVER = f"{PACKAGE}.server"
+# Their paths before they moved into the server package: aliases that ARE the moved modules, kept for
+# operators' own `vllm serve --middleware minicpmv_ascend.access.AccessControl` (docs/reliability.md).
+ALIASES = {f"{PACKAGE}.{name}": f"{SERVER}.{name}" for name in ("access", "request_guard", "tool_calls", "media_urls")}
+# An alias module is exactly this (after its docstring), with `python -m` forwarded where the module has a main().
+ALIAS_BODY = "import sys\n\nfrom minicpmv_ascend.server import {name}\n\nsys.modules[__name__] = {name}\n"
+ALIAS_BODY_MAIN = ("import sys\n\nfrom minicpmv_ascend.server import {name}\n\nif __name__ == '__main__':\n"
+                   "    sys.exit({name}.main())\nsys.modules[__name__] = {name}\n")
 # What runs on an Ascend host's own Python (3.7), standard library only: these and their imports.
 HOST_MODULES = {f"{PACKAGE}.probes"}
 HOST_SCRIPTS = {"healthcheck/probe.py": (3, 6), "scripts/verify_model_dir.py": (3, 6)}  # parse on 3.6 too
 # The plugin reaches into this package only through these documented entry points.
-PLUGIN_MAY_IMPORT = {f"{PACKAGE}.media_urls"}
+PLUGIN_MAY_IMPORT = {f"{SERVER}.media_urls"}
 DOC = REPO / "docs" / "architecture.md"
 # The rules as a failure words them; docs/architecture.md, "Import rules", states each in these words.
 RULES = {
     "common": "common modules import only the standard library",
     "host": "the host's tools import only the standard library and minicpmv_ascend.common",
     "tools": "the runtime never imports the tools",
-    "settings": "settings import of the runtime only the in-server modules they configure",
-    "in_server": "what vLLM loads into its server imports neither settings nor the launcher",
-    "plugin": "the plugin imports this package only through minicpmv_ascend.media_urls",
+    "settings": "settings import of the runtime only the server modules they configure",
+    "in_server": "the server package imports of this package only itself and common",
+    "plugin": "the plugin imports this package only through minicpmv_ascend.server.media_urls",
     "public": "outside the plugin, only its public API (minicpmv_ascend_plugin.__all__)",
+    "alias": "an old module path is only an alias of its minicpmv_ascend.server module",
+    "old_paths": "the kit's own code imports the server modules by their minicpmv_ascend.server paths",
 }
 
 
@@ -87,6 +98,26 @@ def inside(target: str, *prefixes: str) -> bool:
     return any(target == p or target.startswith(p + ".") for p in prefixes)
 
 
+def allowed(imp: Import, *prefixes: str) -> bool:
+    """Whether everything `imp` imports of this package lies inside `prefixes`: the module it names,
+    or, for `from package import a, b`, each of a and b (one outside is enough to break a rule)."""
+    if not inside(imp.target, PACKAGE) or inside(imp.target, *prefixes):
+        return True
+    return bool(imp.names) and all(inside(f"{imp.target}.{n}", *prefixes) for n in imp.names)
+
+
+def alias_problem(module: str, source: str) -> str | None:
+    """Why an old module path is more than an alias of its server module (None: it is only that)."""
+    body = ast.parse(source).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    name = ALIASES[module].rpartition(".")[2]
+    shapes = {ast.dump(ast.parse(shape.format(name=name))) for shape in (ALIAS_BODY, ALIAS_BODY_MAIN)}
+    if ast.dump(ast.Module(body=body, type_ignores=[])) not in shapes:
+        return f"{module}: holds more than `sys.modules[__name__] = {ALIASES[module]}` ({RULES['alias']})"
+    return None
+
+
 def is_stdlib(target: str) -> bool:
     return target.split(".")[0] in sys.stdlib_module_names or target == "__future__"
 
@@ -118,7 +149,12 @@ def violations(code: dict[str, str], plugin_public: set[str]) -> list[str]:
 
     for module, source in code.items():
         own_plugin_code = inside(module, PLUGIN)
+        if module in ALIASES:
+            problem = alias_problem(module, source)
+            found += [problem] if problem else []
+            continue
         for imp in imports_of(module, source):
+            before = len(found)
             targets = [imp.target] + [f"{imp.target}.{n}" for n in imp.names]
             if inside(module, f"{PACKAGE}.common"):
                 if not is_stdlib(imp.target):
@@ -128,20 +164,19 @@ def violations(code: dict[str, str], plugin_public: set[str]) -> list[str]:
                     bad(imp, RULES["host"])
             if inside(module, PACKAGE) and not inside(module, f"{PACKAGE}.tools") and inside(imp.target, f"{PACKAGE}.tools"):
                 bad(imp, RULES["tools"])
-            if inside(module, f"{PACKAGE}.settings") and inside(imp.target, PACKAGE) and not any(
-                    inside(t, f"{PACKAGE}.settings", f"{PACKAGE}.common", f"{PACKAGE}.vllm_source", *IN_SERVER)
-                    for t in targets if inside(t, PACKAGE)):
+            if inside(module, f"{PACKAGE}.settings") and not allowed(
+                    imp, f"{PACKAGE}.settings", f"{PACKAGE}.common", f"{PACKAGE}.vllm_source", SERVER):
                 bad(imp, RULES["settings"])
-            if module in IN_SERVER and inside(imp.target, PACKAGE) and not any(
-                    inside(t, f"{PACKAGE}.vllm_source", *IN_SERVER) for t in targets if inside(t, PACKAGE)):
+            if inside(module, SERVER) and not allowed(imp, SERVER, f"{PACKAGE}.common"):
                 bad(imp, RULES["in_server"])
-            if own_plugin_code and inside(imp.target, PACKAGE) and not any(
-                    inside(t, *PLUGIN_MAY_IMPORT) for t in targets if inside(t, PACKAGE)):
+            if own_plugin_code and not allowed(imp, *PLUGIN_MAY_IMPORT):
                 bad(imp, RULES["plugin"])
             if not own_plugin_code and inside(imp.target, PLUGIN):
                 private = imp.target != PLUGIN or any(n not in plugin_public for n in imp.names)
                 if private:
                     bad(imp, RULES["public"])
+            if len(found) == before and any(t in ALIASES for t in targets):
+                bad(imp, RULES["old_paths"])
         if not inside(module, PLUGIN):
             for attr, line in plugin_attributes(source):
                 if attr not in plugin_public:
@@ -217,17 +252,52 @@ def test_no_import_circles() -> None:
     (f"{PACKAGE}.launcher", "from minicpmv_ascend.tools import bench", "tools"),
     (f"{PACKAGE}.settings.plan", "def f():\n    from minicpmv_ascend import launcher", "settings"),
     (f"{PACKAGE}.settings.plan", "from minicpmv_ascend import probes", "settings"),
-    (f"{PACKAGE}.tool_calls", "from minicpmv_ascend.settings import SETTINGS", "in_server"),
+    (f"{PACKAGE}.settings.plan", "from minicpmv_ascend import vllm_source, launcher", "settings"),
+    (f"{SERVER}.tool_calls", "from minicpmv_ascend.settings import SETTINGS", "in_server"),
+    (f"{SERVER}.tool_calls", "from minicpmv_ascend import vllm_source", "in_server"),
+    (f"{SERVER}.access", "def f():\n    from minicpmv_ascend import launcher", "in_server"),
     (f"{PACKAGE}.common.http", "import yaml", "common"),
     (f"{PACKAGE}.common.http", "from minicpmv_ascend import media_urls", "common"),
     (f"{PACKAGE}.probes", "from minicpmv_ascend.settings import SETTINGS", "host"),
     (f"{PLUGIN}.file_url_400", "from minicpmv_ascend import settings", "plugin"),
+    (f"{PLUGIN}.public_media_urls", "from minicpmv_ascend import media_urls", "plugin"),
+    (f"{PLUGIN}.public_media_urls", "from minicpmv_ascend.server import media_urls, access", "plugin"),
+    (f"{PACKAGE}.access", "import sys\nfrom minicpmv_ascend.server import access\nsys.modules[__name__] = access\n"
+                          "def extra():\n    pass\n", "alias"),
+    (f"{PACKAGE}.media_urls", '"""Only a docstring: the alias is gone."""', "alias"),
+    (f"{PACKAGE}.launcher", "from minicpmv_ascend.access import AccessControl", "old_paths"),
+    ("scripts/ascend_check.py", "from minicpmv_ascend import tool_calls", "old_paths"),
     ("scripts/ascend_check.py", "from minicpmv_ascend_plugin._base import dist_version", "public"),
     ("scripts/ascend_check.py", "import minicpmv_ascend_plugin as p\np._decisions", "public"),
 ])
 def test_each_rule_catches_its_violation(module, source, rule) -> None:
     found = violations({module: source}, {"register", "report"})
     assert len(found) == 1 and RULES[rule] in found[0], found
+
+
+def test_the_old_module_paths_are_the_new_modules() -> None:
+    """`--middleware minicpmv_ascend.access.AccessControl` in an operator's own `vllm serve` resolves,
+    the way vLLM resolves it (vllm/entrypoints/serve/middleware/register.py: rsplit, import_module,
+    getattr, a class), to the moved class itself; so do the other old paths, imported first in a
+    fresh interpreter, and `python -m minicpmv_ascend.access --markdown` still prints the tables."""
+    script = """
+import importlib, inspect
+for path in ("minicpmv_ascend.access.AccessControl", "minicpmv_ascend.access.AccessControlWithAdminRoutes",
+             "minicpmv_ascend.request_guard.RequestGuard", "minicpmv_ascend.tool_calls.ToolCallGuard"):
+    module_path, name = path.rsplit(".", 1)
+    imported = getattr(importlib.import_module(module_path), name)
+    moved = getattr(importlib.import_module(module_path.replace("minicpmv_ascend.", "minicpmv_ascend.server.")), name)
+    assert inspect.isclass(imported) and imported is moved, path
+import minicpmv_ascend, minicpmv_ascend.media_urls as old, minicpmv_ascend.server.media_urls as new
+assert old is new and minicpmv_ascend.media_urls is new  # `from minicpmv_ascend import media_urls` too
+print("same")
+"""
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout == "same\n"
+    tables = subprocess.run([sys.executable, "-m", "minicpmv_ascend.access", "--markdown"], capture_output=True,
+                            text=True, check=True).stdout
+    assert tables.startswith("| public route |") and "| admin routes (403 unless" in tables
+    # Each alias is exactly the one-line alias (test_the_code_keeps_the_import_rules reads them) and exists.
+    assert {m for m in sources() if m in ALIASES} == set(ALIASES)
 
 
 def test_the_doc_states_every_rule() -> None:

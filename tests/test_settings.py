@@ -15,7 +15,7 @@ import typing
 import pytest
 
 from helpers_launcher import SECRET, copy_checkpoint, edit_config
-from minicpmv_ascend import settings, tool_calls
+from minicpmv_ascend import settings, vllm_source
 from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import (
     SETTINGS,
@@ -173,8 +173,9 @@ def test_default_argv(tiny_config):
     # The tool-call guard, the request guard (body size, unencodable text: it bounds what the
     # tool-call guard buffers), then the access control, which vLLM adds last: the outermost layer.
     middleware = [args[i + 1] for i, arg in enumerate(args) if arg == "--middleware"]
-    assert middleware == ["minicpmv_ascend.tool_calls.ToolCallGuard", "minicpmv_ascend.request_guard.RequestGuard",
-                          "minicpmv_ascend.access.AccessControl"]
+    assert middleware == ["minicpmv_ascend.server.tool_calls.ToolCallGuard",
+                          "minicpmv_ascend.server.request_guard.RequestGuard",
+                          "minicpmv_ascend.server.access.AccessControl"]
     assert plan.env_defaults["MEDIA_URL_FETCHES"] == "32" and plan.env_defaults["MAX_REQUEST_BODY_MB"] == "160"
     assert plan.env_defaults["MAX_IMAGE_ASPECT_RATIO"] == "200" and plan.env_defaults["VLLM_MAX_N_SEQUENCES"] == "16"
     for absent in ("--hf-overrides", "--api-key", "--allowed-local-media-path"):
@@ -208,7 +209,7 @@ def test_tool_calling_is_on_by_default_and_can_be_turned_off(tiny_config):
     check_with_vllm(plan)  # vLLM's own parser and tool-parser registry accept the defaults
     off = plan_for(tiny_config, ENABLE_AUTO_TOOL_CHOICE="false").vllm_args
     assert "--no-enable-auto-tool-choice" in off
-    for absent in ("--tool-call-parser", "--tool-strict-level", "minicpmv_ascend.tool_calls.ToolCallGuard"):
+    for absent in ("--tool-call-parser", "--tool-strict-level", "minicpmv_ascend.server.tool_calls.ToolCallGuard"):
         assert absent not in off
     assert flag_value(plan_for(tiny_config, TOOL_STRICT_LEVEL="function").vllm_args, "--tool-strict-level") == "function"
 
@@ -217,14 +218,14 @@ def test_tool_call_parser_is_checked_against_vllm_without_importing_it(tiny_conf
     """The cheap source read (every start) agrees with vLLM's registry and names the fix."""
     from vllm.tool_parsers import ToolParserManager
 
-    assert tool_calls.registered_tool_parsers() == set(ToolParserManager.list_registered())
+    assert vllm_source.registered_tool_parsers() == set(ToolParserManager.list_registered())
     error = error_of(plan_for, tiny_config, TOOL_CALL_PARSER="qwen3-coder")
     _assert_error(error, "tool_call_parser", "did you mean 'qwen3_coder'")
     assert "env TOOL_CALL_PARSER" in error.fix
     # A parser plugin registers names the source does not show: left to vLLM.
     plan_for(tiny_config, ["--tool-parser-plugin", "/x/p.py"], TOOL_CALL_PARSER="mine")
     # A vLLM without --tool-strict-level (0.30, 0.23): not passed, and refused only when asked for.
-    monkeypatch.setattr(tool_calls, "has_tool_strict_level", lambda: False)
+    monkeypatch.setattr(vllm_source, "has_tool_strict_level", lambda: False)
     assert "--tool-strict-level" not in plan_for(tiny_config).vllm_args
     error = error_of(plan_for, tiny_config, TOOL_STRICT_LEVEL="parameter")
     _assert_error(error, "tool_strict_level", "remove env TOOL_STRICT_LEVEL")

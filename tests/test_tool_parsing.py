@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from minicpmv_ascend import settings, tool_calls
+from minicpmv_ascend import settings, vllm_source
 
 sys.path.insert(0, str(REPO / "plugin" / "tests"))
 import tool_parsing_harness as harness
@@ -27,7 +27,7 @@ def parsers(request, tiny_config):
 
 
 def test_the_defaults_name_parsers_this_vllm_has():
-    assert settings.SETTINGS_BY_NAME["tool_call_parser"].default in tool_calls.registered_tool_parsers()
+    assert settings.SETTINGS_BY_NAME["tool_call_parser"].default in vllm_source.registered_tool_parsers()
     assert settings.SETTINGS_BY_NAME["enable_auto_tool_choice"].default is True
     assert settings.auto_reasoning_parser() == "minicpmv"
 

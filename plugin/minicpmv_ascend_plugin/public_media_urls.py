@@ -44,7 +44,7 @@ NAME = "public-media-urls"
 
 def _public(connector: Any) -> list[str] | None:
     """The hosts listed next to `public` when this connector runs in public mode, else None."""
-    from minicpmv_ascend.media_urls import PUBLIC_SENTINEL
+    from minicpmv_ascend.server.media_urls import PUBLIC_SENTINEL
 
     hosts = getattr(connector, "allowed_media_domains", None) or []
     return [h for h in hosts if h != PUBLIC_SENTINEL] if PUBLIC_SENTINEL in hosts else None
@@ -58,7 +58,7 @@ def _what(media_io: Any) -> str:
 def _fetch(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
     from vllm import envs
 
-    from minicpmv_ascend import media_urls
+    from minicpmv_ascend.server import media_urls
 
     get_max = getattr(media_io, "get_max_bytes", None)  # vLLM >= 0.30
     return media_urls.fetch(url, explicit_hosts=_public(connector) or (), timeout=fetch_timeout,
@@ -73,7 +73,7 @@ _pool_lock = threading.Lock()
 def _fetch_pool() -> concurrent.futures.ThreadPoolExecutor:
     """The fetch threads: as many as there are slots, so a fetch that got a slot never queues."""
     global _pool
-    from minicpmv_ascend import media_urls
+    from minicpmv_ascend.server import media_urls
 
     with _pool_lock:
         if _pool is None:
@@ -82,7 +82,7 @@ def _fetch_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _fetch_in_slot(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
-    from minicpmv_ascend import media_urls
+    from minicpmv_ascend.server import media_urls
 
     try:
         return _fetch(connector, url, media_io, fetch_timeout)
@@ -91,7 +91,7 @@ def _fetch_in_slot(connector: Any, url: str, media_io: Any, fetch_timeout: Any) 
 
 
 async def _fetch_async(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes:
-    from minicpmv_ascend import media_urls
+    from minicpmv_ascend.server import media_urls
 
     media_urls.SLOTS.acquire(_what(media_io))  # over the bound: refused now, never queued
     future = _fetch_pool().submit(_fetch_in_slot, connector, url, media_io, fetch_timeout)
@@ -119,7 +119,7 @@ def _load(original: Any) -> Any:
     def load(self: Any, url: str, media_io: Any, *, fetch_timeout: Any = None) -> Any:
         if _public(self) is None or not _is_http(url):
             return original(self, url, media_io, fetch_timeout=fetch_timeout)
-        from minicpmv_ascend import media_urls
+        from minicpmv_ascend.server import media_urls
 
         media_urls.SLOTS.acquire(_what(media_io))
         return media_io.load_bytes(_fetch_in_slot(self, url, media_io, fetch_timeout))

@@ -14,12 +14,12 @@ import tool_parsing_harness as harness
 def test_the_target_registers_the_default_tool_parser(target):
     from vllm.tool_parsers import ToolParserManager
 
-    from minicpmv_ascend import settings, tool_calls
+    from minicpmv_ascend import settings, vllm_source
 
     assert settings.SETTINGS_BY_NAME["tool_call_parser"].default in ToolParserManager.list_registered()
-    assert "qwen3_coder" in tool_calls.registered_tool_parsers()  # what the launcher reads from source
+    assert "qwen3_coder" in vllm_source.registered_tool_parsers()  # what the launcher reads from source
     # Neither target has --tool-strict-level (vLLM >= 0.32): the launcher does not pass it.
-    assert not tool_calls.has_tool_strict_level()
+    assert not vllm_source.has_tool_strict_level()
 
 
 @pytest.fixture(scope="module", params=["minicpmv", "qwen3"])

@@ -1,7 +1,7 @@
 """What the installed vLLM offers, read from its source files: importing vLLM takes seconds.
 
-Used by the launcher's checks (settings) and the tool-call module; every function answers
-"unknown" (None, an empty set) when vLLM is absent or its layout is not one this kit knows.
+Used by the launcher's checks (settings), never inside vLLM's server; every function answers
+"unknown" (None, an empty set, False) when vLLM is absent or its layout is not one this kit knows.
 """
 
 from __future__ import annotations
@@ -45,3 +45,15 @@ def table_keys(source: str | None, name: str) -> set[str]:
         ) and isinstance(node.value, ast.Dict):
             names |= {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return names
+
+
+def registered_tool_parsers() -> set[str]:
+    """Names in vLLM's lazy tool-parser table (`_TOOL_PARSERS_TO_REGISTER`); empty when unknown."""
+    source = read("tool_parsers/__init__.py", "entrypoints/openai/tool_parsers/__init__.py")
+    return table_keys(source, "_TOOL_PARSERS_TO_REGISTER")
+
+
+def has_tool_strict_level() -> bool:
+    """Whether `vllm serve` has `--tool-strict-level` (vLLM >= 0.32)."""
+    source = read("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
+    return "tool_strict_level" in source

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from minicpmv_ascend import tool_calls, vllm_source
+from minicpmv_ascend import vllm_source
 from minicpmv_ascend.settings.layers import Resolution, normalise_flag
 from minicpmv_ascend.settings.platform import (
     ASCEND_CONTROL_DEVICES,
@@ -183,7 +183,7 @@ def check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) -> 
     so on every start; vLLM's own registry is consulted too when parser names are given, see
     _check_parser_names). Nothing is checked when vLLM's source cannot be read here."""
     parser, level = effective["tool_call_parser"], resolution.values["tool_strict_level"]
-    known = tool_calls.registered_tool_parsers()
+    known = vllm_source.registered_tool_parsers()
     plugin = any(normalise_flag(a.partition("=")[0]) == "--tool-parser-plugin" for a in resolution.passthrough)
     if parser is not None and known and parser not in known and not plugin:
         setting, origin = SETTINGS_BY_NAME["tool_call_parser"], resolution.values["tool_call_parser"]
@@ -192,7 +192,7 @@ def check_tool_calling(resolution: Resolution, effective: Mapping[str, Any]) -> 
                     f"{'did you mean ' + repr(close[0]) + '? ' if close else ''}set {fix_where(setting, origin)} "
                     f"to one of: {', '.join(sorted(known))} (MiniCPM-V 4.6 writes qwen3_coder's format)")
     if (effective["enable_auto_tool_choice"] and level.source != "default" and vllm_source.package_dir() is not None
-            and not tool_calls.has_tool_strict_level()):
+            and not vllm_source.has_tool_strict_level()):
         setting = SETTINGS_BY_NAME["tool_strict_level"]
         raise error(setting, level, "this vLLM has no --tool-strict-level (vLLM >= 0.32 has it; 0.30 and "
                     "0.23 constrain forced calls to the tool's schema without it)",

@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from minicpmv_ascend import access
+from minicpmv_ascend.server import access
 from minicpmv_ascend.settings.plan import setting_argv
 from minicpmv_ascend.settings.table import SETTINGS, Setting
 from minicpmv_ascend.settings.types import describe_type

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from minicpmv_ascend import access, media_urls, request_guard, tool_calls
+from minicpmv_ascend import vllm_source
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
+from minicpmv_ascend.server import access, media_urls, request_guard
 from minicpmv_ascend.settings import checks
 from minicpmv_ascend.settings.layers import Resolution
 from minicpmv_ascend.settings.platform import (
@@ -109,7 +110,7 @@ def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, A
         eff["mamba_ssm_cache_dtype"] = declared if declared in ("float32", "bfloat16", "float16") else "float32"
     if not eff["enable_auto_tool_choice"]:
         eff["tool_call_parser"] = None  # vLLM only uses it for automatic tool choice
-    if not eff["enable_auto_tool_choice"] or not tool_calls.has_tool_strict_level():
+    if not eff["enable_auto_tool_choice"] or not vllm_source.has_tool_strict_level():
         eff["tool_strict_level"] = None  # unused, or a vLLM without the flag (check_tool_calling)
     hosts = eff["allowed_media_domains"]
     if media_urls.PUBLIC in hosts:  # the plugin checks addresses; without it vLLM refuses every URL

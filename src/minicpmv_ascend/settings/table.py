@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-from minicpmv_ascend import media_urls, request_guard, tool_calls
+from minicpmv_ascend.server import media_urls, request_guard, tool_calls
 from minicpmv_ascend.settings.types import (
     Count,
     DType,
@@ -48,7 +48,7 @@ REAL_MODEL_HINT = "MODEL_PATH=/path/to/MiniCPM-V-4.6-Thinking"
 #   positional  the MODEL argument of `vllm serve`
 #   env         only through the exec'd process's environment (secrets, and what the kit's
 #               in-server modules read; plus --middleware `middleware` when one is set)
-#   middleware  --middleware with the access-control class the value selects (minicpmv_ascend.access)
+#   middleware  --middleware with the access-control class the value selects (minicpmv_ascend.server.access)
 #   launcher    used by the launcher itself, never by vLLM
 Emit = Literal["value", "bool", "json", "list", "positional", "env", "middleware", "launcher"]
 Source = Literal["default", "yaml", "env", "cli"]

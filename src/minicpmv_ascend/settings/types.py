@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import annotated_types as at
 from pydantic import AfterValidator, BeforeValidator
 
-from minicpmv_ascend import media_urls
+from minicpmv_ascend.server import media_urls
 
 
 def _reject_bool(value: Any) -> Any:
