@@ -46,7 +46,7 @@ STAMP := $(VENV)/.installed
 # rule that lists it as a prerequisite: make expands prerequisites where it reads the rule.
 PLUGIN_TARGETS := vllm030 vllm023
 
-.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table nginx fuzz-tools fuzz apps-tools
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table patch-check nginx fuzz-tools fuzz apps-tools
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -131,7 +131,13 @@ PLUGIN_STAMPS := $(PLUGIN_TARGETS:%=.venv-%/.installed)
 $(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
 .PHONY: $(PLUGIN_TARGETS:%=venv-%)
 
-$(PLUGIN_STAMPS): .venv-%/.installed: requirements/%.lock pyproject.toml scripts/torchvision_cpu_shim.py
+# A vLLM release that is no target yet (make patch-check VLLM=0.33.0, below) is built the same way,
+# from its own lock: 0.33.0 -> requirements/vllm033.lock -> .venv-vllm033 (0.33.1 -> vllm0331).
+PATCH_CHECK := $(if $(VLLM),vllm$(subst .,,$(patsubst %.0,%,$(VLLM))))
+
+PATCH_CHECK_STAMP := $(filter-out $(PLUGIN_STAMPS),$(PATCH_CHECK:%=.venv-%/.installed))
+
+$(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP): .venv-%/.installed: requirements/%.lock pyproject.toml scripts/torchvision_cpu_shim.py
 	$(check_python)
 	@echo "== creating .venv-$* from requirements/$*.lock (a target's vLLM on the CPU, for plugin/tests)"
 	rm -rf .venv-$* && $(PYTHON) -m venv .venv-$*
@@ -145,6 +151,22 @@ $(PLUGIN_STAMPS): .venv-%/.installed: requirements/%.lock pyproject.toml scripts
 # docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py).
 patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
 	$(VPY) scripts/patch_table.py --write
+
+# Every patch's decision on one vLLM release, failing if a predicate did not find the code it reads
+# ("layout not found"): the first step for a new vLLM release (plugin/README.md, "A new vLLM
+# release"). make patch-check VLLM=0.33.0 builds .venv-vllm033 from requirements/vllm033.lock (a
+# copy of the newest target lock with that vLLM pinned) and prints the decisions; a target's
+# release (VLLM=0.30.0) reuses its venv.
+patch-check: $(PATCH_CHECK:%=.venv-%/.installed)
+	@test -n "$(VLLM)" || { echo "usage: make patch-check VLLM=0.33.0 (plugin/README.md, \"A new vLLM release\")" >&2; exit 2; }
+	env -u VLLM_PLUGINS -u MINICPMV_ASCEND_PLUGIN -u MINICPMV_ASCEND_PLUGIN_FORCE \
+		.venv-$(PATCH_CHECK)/bin/python scripts/patch_table.py --decide
+
+# Only when the lock of `make patch-check VLLM=...` is missing: say how to write it.
+$(if $(PATCH_CHECK),requirements/$(PATCH_CHECK).lock):
+	@echo "make: no $@ for vLLM $(VLLM): copy the newest requirements/vllmXYZ.lock to $@, set vllm==$(VLLM)" >&2; \
+	echo "  and the pins that vLLM's own requirements change (plugin/README.md, \"A new vLLM release\")" >&2; \
+	exit 2
 
 # The Ascend image runs the launcher, settings and probes on Python 3.12: a small venv with only
 # the package's own dependencies, used by tests/test_python312.py. pyenv's 3.12 when present.

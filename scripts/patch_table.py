@@ -13,10 +13,21 @@ The table lives between `<!-- patch-table:start -->` and `<!-- patch-table:end -
 plugin/README.md and docs/deploy-ascend.md. Tests check each column against the decisions of its
 own venv (plugin/tests/test_register.py per target, tests/test_plugin.py for .venv).
 
+The per-patch prose of plugin/README.md (the patch list, "Details and evidence", and the wheel
+evidence per vLLM release) is generated too, from what each patch declares (`Patch.fixes`,
+`.references`, `.tests`, `.delete_when`, `.details`, `.evidence`): `patch_list()`,
+`patch_details()` and `patch_evidence(vllm)` return the Markdown between their markers; they need
+no target venv (`--docs`), and plugin/tests/test_patch_docs.py keeps them in sync.
+
 Usage (with any venv's python; `make patch-table` runs the first):
     python scripts/patch_table.py --write       run every venv's decisions, rewrite both files
+                                                (and the README's per-patch prose)
     python scripts/patch_table.py --check       the same, exit 1 if a file differs
+    python scripts/patch_table.py --docs        rewrite only the README's per-patch prose
     python scripts/patch_table.py --decisions   this interpreter's decisions, as JSON
+    python scripts/patch_table.py --decide      this interpreter's decisions, one line per patch;
+                                                exit 1 if a predicate did not find its layout
+                                                (`make patch-check VLLM=...`)
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ FILES = (REPO / "plugin" / "README.md", REPO / "docs" / "deploy-ascend.md")
 START, END = "<!-- patch-table:start -->", "<!-- patch-table:end -->"
 CPU_VENV = ".venv"
 RESULT = "PATCH-TABLE "
+LAYOUT_NOT_FOUND = "layout-not-found"  # minicpmv_ascend_plugin.LAYOUT_NOT_FOUND (no import: runs in any venv)
+README = REPO / "plugin" / "README.md"
 NOTE = (
     "Decided by each vLLM's own code, with the plugin's predicates, on a CPU (`make patch-table`; "
     "the targets' vLLM wheels run here on the \"unspecified\" platform, see plugin/README.md). "
@@ -81,7 +94,12 @@ def column_title(result: dict[str, Any]) -> str:
 
 
 def cell(patch: dict[str, str]) -> str:
-    text = "applied" if patch["status"] == "applied" else f"not needed: {patch['reason']}"
+    if patch["status"] == "applied":
+        text = "applied"
+    elif patch["status"] == LAYOUT_NOT_FOUND:
+        text = f"layout not found: {patch['reason']}"
+    else:
+        text = f"not needed: {patch['reason']}"
     return text.replace("|", "\\|")
 
 
@@ -121,11 +139,106 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join([*lines, "", textwrap.fill(NOTE, width=99), END])
 
 
-def block(text: str) -> str:
-    match = re.search(re.escape(START) + r".*?" + re.escape(END), text, re.S)
+def block(text: str, start: str = START, end: str = END) -> str:
+    match = re.search(re.escape(start) + r".*?" + re.escape(end), text, re.S)
     if match is None:
-        raise ValueError(f"no {START} ... {END} block")
+        raise ValueError(f"no {start} ... {end} block")
     return match.group(0)
+
+
+# -- the README's per-patch prose, from each patch's declaration ------------------------------------
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def _generated(name: str, body: list[str]) -> str:
+    start, end = markers(name)
+    return "\n".join([start, "<!-- generated from each patch's declaration (plugin/minicpmv_ascend_plugin/*.py) by "
+                      "`python scripts/patch_table.py --docs`; a test keeps it in sync -->", *body, end])
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _patches() -> tuple[Any, ...]:
+    import minicpmv_ascend_plugin as plugin  # its public API (docs/architecture.md, rule 7)
+
+    return plugin.PATCHES
+
+
+def _files(patch: Any) -> str:
+    own = patch.check.__module__.rsplit(".", 1)[-1] + ".py"
+    return ", ".join(f"`{name}`" for name in (own, *patch.files))
+
+
+def patch_list() -> str:
+    """plugin/README.md's "The patches" table: what each patch fixes, where, how it is tested,
+    when it can go (between `<!-- patch-list:start -->` and `<!-- patch-list:end -->`)."""
+    rows = ["| patch | module | fixes | upstream | test (bug without, fix with) | delete when |",
+            "|---|---|---|---|---|---|"]
+    for p in _patches():
+        cells = [f"`{p.name}`", _files(p), p.fixes, p.references, p.tests, p.delete_when]
+        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return _generated("patch-list", rows)
+
+
+def patch_details() -> str:
+    """plugin/README.md's "Details and evidence": one bullet per patch (between
+    `<!-- patch-details:start -->` and `<!-- patch-details:end -->`)."""
+    bullets = []
+    for p in _patches():
+        lines = textwrap.dedent(p.details).strip().splitlines()
+        bullets.append(f"- **{p.name}**: " + "\n  ".join(lines))
+    return _generated("patch-details", bullets)
+
+
+def patch_evidence(vllm: str = "0.30.0") -> str:
+    """plugin/README.md's "vLLM <release>: why each patch applies or not" table, from each
+    patch's `evidence[vllm]` (between `<!-- patch-evidence-<release>:start -->` and `...:end -->`)."""
+    rows = [f"| patch | {vllm} | evidence in the wheel |", "|---|---|---|"]
+    for p in _patches():
+        if vllm in p.evidence:
+            status, where = p.evidence[vllm]
+            rows.append(f"| `{p.name}` | {_cell(status)} | {_cell(where)} |")
+    return _generated(f"patch-evidence-{vllm}", rows)
+
+
+def doc_blocks() -> dict[str, str]:
+    """Each generated prose block of plugin/README.md by marker name."""
+    return {"patch-list": patch_list(), "patch-details": patch_details(),
+            "patch-evidence-0.30.0": patch_evidence("0.30.0")}
+
+
+def write_docs(check: bool = False) -> bool:
+    """Rewrite (or, with `check`, compare) the README's prose blocks; True if they were stale."""
+    text = README.read_text(encoding="utf-8")
+    new = text
+    for name, generated in doc_blocks().items():
+        new = new.replace(block(new, *markers(name)), generated)
+    if new != text and not check:
+        README.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def decide_lines() -> tuple[list[str], bool]:
+    """This interpreter's decision for every patch, one line each, and whether any predicate did
+    not find the layout it reads, or failed (what `make patch-check` fails on)."""
+    result = decisions()
+    lines = [f"vLLM {result['vllm']} (platform {result['platform']}):"]
+    width = max(len(p["name"]) for p in result["patches"])
+    for p in result["patches"]:
+        detail = p["summary"] if p["status"] == "applied" else p["reason"]
+        lines.append(f"  {p['name']:<{width}}  {p['status']:<16}  {detail}")
+    unfound = [p["name"] for p in result["patches"] if p["status"] == LAYOUT_NOT_FOUND]
+    failed = [p["name"] for p in result["patches"] if p["reason"].startswith("predicate failed")]
+    if unfound:
+        lines.append(f"layout not found: {', '.join(unfound)}: read that vLLM's code, then adapt each "
+                     "predicate (plugin/README.md, \"A new vLLM release\")")
+    if failed:
+        lines.append(f"predicate failed: {', '.join(failed)}")
+    return lines, bool(unfound or failed)
 
 
 def parse(text: str) -> dict[str, dict[str, str]]:
@@ -142,11 +255,21 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--decisions", action="store_true")
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
+    mode.add_argument("--docs", action="store_true")
+    mode.add_argument("--decide", action="store_true")
     args = parser.parse_args(argv)
     if args.decisions:
         result = decisions()
         print(RESULT + json.dumps(result), flush=True)
         return 0
+    if args.decide:
+        lines, unfound = decide_lines()
+        print("\n".join(lines), flush=True)
+        return 1 if unfound else 0
+    if args.docs:
+        print("rewrote" if write_docs() else "up to date", README.relative_to(REPO))
+        return 0
+    docs_stale = write_docs(check=args.check)
     table = render([run_decisions(venv) for venv in venvs()])
     stale = []
     for path in FILES:
@@ -156,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(path.relative_to(REPO))
             if args.write:
                 path.write_text(new, encoding="utf-8")
+    if docs_stale:
+        stale.append(README.relative_to(REPO))
     if args.check and stale:
         print(f"out of date: {', '.join(map(str, stale))}: run `make patch-table`", file=sys.stderr)
         return 1

@@ -25,24 +25,32 @@ from conftest import REPO, clean_env, http_get, start_server
 sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
 
 import reasoning_harness
+from minicpmv_ascend_plugin import PATCHES
+from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
 
+# What vLLM 0.32 (this CPU stack) does not need, the one hand-kept claim here (as plugin/tests/
+# _target.py NEEDED is per target): the model backports of fixes it has, and the register-time
+# patches it skips, with the reason each gives. Every other patch is expected applied, in the
+# plugin's order (a new patch that 0.32 needs too changes nothing here).
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
-# Decided at the model import too, and applied on vLLM 0.32 (its Idefics2 encoder still pads and masks).
-MODEL_PATCHES_032 = ("vit-varlen-attention",)
-MODEL_IMPORT_ORDER = ("processor-version", "image-size-order", "vit-merger-flags", "vit-varlen-attention",
-                      "max-slice-nums")
-SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400",  # vLLM 0.32 needs them too
-                  "data-url-400", "gdn-one-token-prefill", "image-bomb-400", "image-shape-400", "shutdown-drain-503", "request-type-400",
-                  "content-part-400", "responses-assistant-content", "public-media-urls", "json-whitespace")
-SKIPPED_ON_032 = ("uvicorn-signals",)  # backports of fixes vLLM 0.32 has (besides the model backports)
+SKIPPED_AT_REGISTER_032 = {
+    "reasoning-parser": r"vLLM has a 'minicpmv' reasoning parser",
+    "rotary-mrope": r"platform cpu is not Ascend",
+    "uvicorn-signals": r"vLLM's [\w/.]+ runs a uvicorn server without uvicorn's signal handlers \(vLLM #50916\)",
+}
+MODEL_IMPORT_ORDER = tuple(p.name for p in PATCHES if p.stage == AT_MODEL_IMPORT)
+# Decided at the model import too, and applied on vLLM 0.32 (vit-varlen-attention: its Idefics2
+# encoder still pads and masks).
+MODEL_PATCHES_032 = tuple(name for name in MODEL_IMPORT_ORDER if name not in BACKPORTS)
+APPLIED_AT_REGISTER_032 = tuple(p.name for p in PATCHES
+                                if p.stage != AT_MODEL_IMPORT and p.name not in SKIPPED_AT_REGISTER_032)
 LOG_LINE = re.compile(r"^\((?P<process>[\w-]+) pid=(?P<pid>\d+)\) INFO .*? (?P<message>minicpmv_ascend_plugin.*)$")
 REGISTER = re.compile(
     r"^minicpmv_ascend_plugin \d+\.\d+\.\d+ \(vLLM 0\.32\.\d+, transformers [\d.]+, platform cpu\): "
-    r"applied: gdn-state-dtype, " + ", ".join(SERVER_PATCHES)
-    + r"; skipped: reasoning-parser \(vLLM has a 'minicpmv' reasoning parser\), "
-    r"rotary-mrope \(platform cpu is not Ascend\), uvicorn-signals \(vLLM's [\w/.]+ runs a uvicorn server "
-    r"without uvicorn's signal handlers \(vLLM #50916\)\); decided when vLLM imports minicpmv4_6: "
-    + ", ".join(MODEL_IMPORT_ORDER) + "$")
+    r"applied: " + ", ".join(APPLIED_AT_REGISTER_032)
+    + r"; skipped: " + ", ".join(rf"{p.name} \({SKIPPED_AT_REGISTER_032[p.name]}\)" for p in PATCHES
+                                 if p.name in SKIPPED_AT_REGISTER_032)
+    + r"; decided when vLLM imports minicpmv4_6: " + ", ".join(MODEL_IMPORT_ORDER) + "$")
 MODEL_IMPORT = re.compile(
     r"^minicpmv_ascend_plugin: minicpmv4_6 imported \(vLLM 0\.32\.\d+\): applied: "
     + ", ".join(MODEL_PATCHES_032) + "; skipped: "
@@ -293,12 +301,12 @@ def test_ascend_check_script_against_the_server(server):
     assert re.match(r"^platform: cpu \(-\), vLLM 0\.32\.\d+, vllm-ascend -, transformers [\d.]+, "
                     r"torch [\w.+]+$", lines[0]), lines[0]
     assert re.match(r"^plugin: minicpmv_ascend_plugin \d+\.\d+\.\d+$", lines[1])
-    count = 7 + len(MODEL_PATCHES_032) + len(SERVER_PATCHES) + len(SKIPPED_ON_032)
+    count = len(PATCHES)
     patches = dict(re.match(r"^patch ([\w-]+): (applied|skipped) - .+$", line).groups()
                    for line in lines[2:2 + count])
-    assert patches == {"reasoning-parser": "skipped", "gdn-state-dtype": "applied", "rotary-mrope": "skipped",
-                       **{name: "skipped" for name in BACKPORTS + SKIPPED_ON_032},
-                       **{name: "applied" for name in SERVER_PATCHES + MODEL_PATCHES_032}}
+    assert patches == {**{name: "skipped" for name in BACKPORTS + tuple(SKIPPED_AT_REGISTER_032)},
+                       **{name: "applied" for name in APPLIED_AT_REGISTER_032 + MODEL_PATCHES_032}}
+    assert len(patches) == len(PATCHES) == count
     assert "patch rotary-mrope: skipped - platform cpu is not Ascend" in lines
     for name, line in zip(("text", "image", "one-token"), lines[2 + count:5 + count]):
         assert re.match(rf"^request {name}: ok - \d+ prompt \+ \d+ completion tokens in [\d.]+ s, ", line), line

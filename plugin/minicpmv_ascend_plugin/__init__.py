@@ -22,41 +22,19 @@ Environment:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import threading
 from types import ModuleType
 from typing import Any
 
-from . import (
-    content_part_400,
-    data_url_400,
-    engine_death_exit,
-    file_url_400,
-    gdn_one_token_prefill,
-    gdn_state_dtype,
-    image_bomb_400,
-    image_shape_400,
-    image_size_order,
-    json_whitespace,
-    max_slice_nums,
-    processor_version,
-    public_media_urls,
-    reasoning,
-    request_type_400,
-    responses_assistant_content,
-    rotary_mrope,
-    shutdown_cut_requests,
-    shutdown_drain_503,
-    transformers_check,
-    uvicorn_signals,
-    vit_merger_flags,
-    vit_varlen_attention,
-)
+from . import transformers_check
 from ._base import (
     AT_MODEL_IMPORT,
     AT_REGISTER,
     MODEL_MODULE,
+    LayoutNotFound,
     Patch,
     ascend_device_type,
     dist_version,
@@ -69,42 +47,58 @@ from ._import_hook import when_imported
 __version__ = "0.1.0"
 # The public API. The plugin's patches and decisions, and what it reads of the installation (the
 # checks its predicates rest on): scripts/ascend_check.py and the launcher use these names only.
-__all__ = ["PATCHES", "register", "report", "decisions", "disabled", "switched_off",
+__all__ = ["PATCHES", "PATCH_MODULES", "LAYOUT_NOT_FOUND", "register", "report", "decisions", "disabled", "switched_off",
            "platform_name", "ascend_device_type", "vllm_version", "dist_version"]
 
 DISABLE_ENV = "MINICPMV_ASCEND_PLUGIN"
 LOG_PREFIX = "minicpmv_ascend_plugin"
-PATCHES: tuple[Patch, ...] = (
-    reasoning.PATCH,
-    gdn_state_dtype.PATCH,
-    rotary_mrope.PATCH,
-    processor_version.PATCH,
-    image_size_order.PATCH,
-    vit_merger_flags.PATCH,
-    vit_varlen_attention.PATCH,
-    max_slice_nums.PATCH,
-    engine_death_exit.PATCH,
-    shutdown_cut_requests.PATCH,
-    file_url_400.PATCH,
-    data_url_400.PATCH,
-    gdn_one_token_prefill.PATCH,
-    image_bomb_400.PATCH,
-    image_shape_400.PATCH,
-    uvicorn_signals.PATCH,
-    shutdown_drain_503.PATCH,
-    request_type_400.PATCH,
-    content_part_400.PATCH,
-    responses_assistant_content.PATCH,
-    public_media_urls.PATCH,
-    json_whitespace.PATCH,
+# The patches, in the order they are decided: the order of the log lines, the patch table and
+# `entrypoint.py --dry-run`. A new patch is one module here (with its `PATCH`) and one name in this
+# list (and its line per target in plugin/tests/_target.py NEEDED); tests check that every module
+# holding a `PATCH` is listed.
+PATCH_MODULES: tuple[str, ...] = (
+    "reasoning",
+    "gdn_state_dtype",
+    "rotary_mrope",
+    "processor_version",
+    "image_size_order",
+    "vit_merger_flags",
+    "vit_varlen_attention",
+    "max_slice_nums",
+    "engine_death_exit",
+    "shutdown_cut_requests",
+    "file_url_400",
+    "data_url_400",
+    "gdn_one_token_prefill",
+    "image_bomb_400",
+    "image_shape_400",
+    "uvicorn_signals",
+    "shutdown_drain_503",
+    "request_type_400",
+    "content_part_400",
+    "responses_assistant_content",
+    "public_media_urls",
+    "json_whitespace",
 )
+PATCHES: tuple[Patch, ...] = tuple(importlib.import_module(f".{name}", __name__).PATCH for name in PATCH_MODULES)
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    status: str  # "applied", "skipped" or "pending" (model backports before vLLM imports the model)
+    # "applied", "skipped", LAYOUT_NOT_FOUND (the predicate could not find the vLLM code it reads:
+    # not applied, logged as a WARNING) or "pending" (model backports before vLLM imports the model)
+    status: str
     reason: str = ""
+
+
+# A predicate's third outcome (it raised `LayoutNotFound`, or vLLM's module or class it reads is
+# missing: ImportError / AttributeError). Not a refusal to start: the plugin cannot tell a vLLM that
+# moved buggy code from one that fixed the bug upstream and rewrote the code on the way, and an
+# operator on a newer vLLM that fixed it must still be able to serve. So the patch stays unapplied,
+# the server logs a WARNING naming it, plugin/tests fail on it for every target, and
+# `make patch-check VLLM=...` fails on it for a new release (plugin/README.md, "A new vLLM release").
+LAYOUT_NOT_FOUND = "layout-not-found"
 
 
 _decisions: dict[str, Decision] = {}
@@ -129,11 +123,21 @@ def _decide(patch: Patch, target: Any) -> Decision:
         elif marks is not None and patch.name in marks:  # the module was patched by an earlier load
             decision = Decision("applied", marks[patch.name])
         else:
+            layout = None
             try:
                 reason = patch.check(target)
+            except LayoutNotFound as error:
+                reason = layout = str(error)
+            except (ImportError, AttributeError) as error:  # a module or class of vLLM it reads is gone
+                reason = layout = f"{type(error).__name__}: {error}"
             except Exception as error:  # noqa: BLE001 - an unreadable predicate must not stop vLLM
                 reason = f"predicate failed, not applied: {type(error).__name__}: {error}"
-            if reason is None:
+            if layout is not None:
+                logger.warning("%s: %s not applied: layout not found: %s (this vLLM's code is not where the "
+                               "patch's predicate looks; see plugin/README.md, \"A new vLLM release\")",
+                               LOG_PREFIX, patch.name, layout)
+                decision = Decision(LAYOUT_NOT_FOUND, layout)
+            elif reason is None:
                 patch.apply(target)  # a failure here is a plugin bug: let it surface
                 decision = Decision("applied", patch.summary)
                 if target is not None:
@@ -152,7 +156,10 @@ def _summary(names: list[str]) -> str:
     applied = [n for n in names if _decisions[n].status == "applied"]
     skipped = [f"{n} ({_decisions[n].reason})" for n in names if _decisions[n].status == "skipped"]
     pending = [n for n in names if _decisions[n].status == "pending"]
+    unfound = [f"{n} ({_decisions[n].reason})" for n in names if _decisions[n].status == LAYOUT_NOT_FOUND]
     parts = [f"applied: {', '.join(applied) or 'none'}", f"skipped: {', '.join(skipped) or 'none'}"]
+    if unfound:
+        parts.append(f"layout not found: {', '.join(unfound)}")
     if pending:
         parts.append(f"decided when vLLM imports {MODEL_MODULE.rsplit('.', 1)[-1]}: {', '.join(pending)}")
     return "; ".join(parts)
@@ -227,8 +234,6 @@ def report(import_model: bool = True) -> list[dict[str, str]]:
     """
     register()
     if import_model and not disabled():
-        import importlib
-
         importlib.import_module(MODEL_MODULE)
     current = decisions()
     return [

@@ -21,13 +21,31 @@ AT_MODEL_IMPORT = "model-import"  # when vLLM imports its MiniCPM-V 4.6 model mo
 MODEL_MODULE = "vllm.model_executor.models.minicpmv4_6"
 
 
+class LayoutNotFound(Exception):
+    """A predicate's third outcome: the vLLM code it reads to decide is absent or unrecognizable
+    (moved, renamed, rewritten), so it can tell neither "needed" nor "not needed".
+
+    Raised by a predicate (the message says what it looked for); `register()` then leaves the patch
+    unapplied and logs a WARNING naming it, and plugin/tests fail on it for every target.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """One backport or fix.
+    """One backport or fix, and everything plugin/README.md says about it.
 
     `check(target)` returns None when the patch applies and otherwise the reason it does not
-    (feature detection first, version second); `apply(target)` changes vLLM. `target` is the
-    model module for AT_MODEL_IMPORT patches and None for AT_REGISTER ones.
+    (feature detection first, version second), or raises `LayoutNotFound` when the code it reads
+    is not there; `apply(target)` changes vLLM. `target` is the model module for AT_MODEL_IMPORT
+    patches and None for AT_REGISTER ones.
+
+    The rest is documentation, rendered into plugin/README.md's tables by scripts/patch_table.py
+    (Markdown; `make patch-table` writes them, a test keeps them in sync): `fixes` (the bug, or
+    what the patch changes), `references` (the upstream bug or fix, for a reader), `tests` (the
+    tests that show the bug without and the fix with the patch), `delete_when` (when the patch can
+    go), `details` (how it works and how its predicate decides; continuation lines unindented),
+    `evidence` (per vLLM release: (decision, where in that release's wheel it is decided)) and
+    `files` (the modules that hold it, when more than its own).
     """
 
     name: str
@@ -36,6 +54,13 @@ class Patch:
     upstream: str  # the upstream fix this backports, or the upstream bug it works around
     check: Callable[[Any], str | None]
     apply: Callable[[Any], None]
+    fixes: str = ""
+    references: str = ""
+    tests: str = ""
+    delete_when: str = ""
+    details: str = ""
+    evidence: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    files: tuple[str, ...] = ()
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -147,18 +172,15 @@ def wrap_once(owner: Any, attr: str, make: Callable[[Any], Any]) -> bool:
 API_SERVER_LAUNCHERS = ("entrypoints/launchers/launcher.py", "entrypoints/launcher.py")  # 0.32, 0.23
 
 
-def function_source(function: str, *relative_paths: str) -> tuple[str, str] | str:
+def function_source(function: str, *relative_paths: str) -> tuple[str, str]:
     """(path, source of `def function(...)` up to the next definition at its indentation) in the
-    first of vLLM's files that exists, read without importing it; or why there is none."""
-    found = source_of(*relative_paths)
-    if found is None:
-        return f"vLLM has none of {', '.join(relative_paths)} here"
-    path, source = found
+    first of vLLM's files that exists, read without importing it; `LayoutNotFound` if there is none."""
+    path, source = require_source(*relative_paths)
     # up to the next decorator/def/class at its indentation, or the next top-level statement
     body = re.search(rf"^( *)def {function}\(.*?\n(?=\1(?:@|def |async def |class )|[A-Za-z_@]|\Z)", source,
                      re.M | re.S)
     if body is None:
-        return f"vLLM's {path} has no {function}"
+        raise LayoutNotFound(f"vLLM's {path} has no {function}")
     return path, body.group(0)
 
 
@@ -177,3 +199,11 @@ def source_of(*relative_paths: str) -> tuple[str, str] | None:
         if path is not None and path.is_file():
             return relative, path.read_text(encoding="utf-8")
     return None
+
+
+def require_source(*relative_paths: str) -> tuple[str, str]:
+    """`source_of`, or `LayoutNotFound` naming the files when vLLM has none of them."""
+    found = source_of(*relative_paths)
+    if found is None:
+        raise LayoutNotFound(f"vLLM has none of {', '.join(relative_paths)} here")
+    return found

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._base import package_dir
+from ._base import LayoutNotFound, package_dir
 from ._import_hook import when_imported
 
 ARCHITECTURE = "MiniCPMV4_6ForConditionalGeneration"
@@ -29,7 +29,9 @@ _wanted: dict[str, Callable[[Any], None]] = {}
 def upstream_has_entry() -> bool:
     """Whether vLLM maps MiniCPM-V 4.6 to a config hook of its own (none up to 0.33).
 
-    Read from the loaded map if vLLM has imported it, else from its source (without importing).
+    Read from the loaded map if vLLM has imported it, else from its source (without importing);
+    `LayoutNotFound` when that source holds no `MODELS_CONFIG_MAP` (the map moved: this plugin's
+    entry would not be installed either).
     """
     module = sys.modules.get(CONFIG_MODULE)
     if module is not None:
@@ -42,6 +44,8 @@ def upstream_has_entry() -> bool:
         source = (root / "model_executor" / "models" / "config.py").read_text(encoding="utf-8") if root else ""
     except OSError:
         source = ""
+    if "MODELS_CONFIG_MAP" not in source:
+        raise LayoutNotFound("vLLM's model_executor/models/config.py has no MODELS_CONFIG_MAP")
     return f'"{ARCHITECTURE}"' in source
 
 

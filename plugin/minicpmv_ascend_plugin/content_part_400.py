@@ -50,8 +50,6 @@ def _parse(original: Any) -> Any:
 
 def check(_: Any) -> str | None:
     found = function_source(FUNCTION, *CHAT_UTILS)
-    if isinstance(found, str):
-        return found
     path, body = found
     if not re.search(r"assert isinstance\(\s*part,\s*dict\s*\)", body):
         return f"vLLM's {path} {FUNCTION} does not assert that the part is a dict"
@@ -63,6 +61,15 @@ def apply(_: Any) -> None:
     when_imported(module_name(path), lambda module: wrap_once(module, CALLER, _parse))
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `_parse_chat_message_content_part` (vLLM's chat parser; 0.32
+`renderers/chat_utils.py`, 0.23 and 0.30 `entrypoints/chat_utils.py`): a part that is a pydantic object is
+dumped to the dict it was sent as (`exclude_none`), any other non-dict, non-string part is a
+ValueError (400). Predicate: `_parse_chat_message_content_mm_part` asserts `isinstance(part,
+dict)` in vLLM's source.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -71,4 +78,16 @@ PATCH = Patch(
     upstream="vllm/renderers/chat_utils.py _parse_chat_message_content_mm_part asserts isinstance(part, dict) (0.23-0.32)",
     check=check,
     apply=apply,
+    fixes=('a /v1/responses content part that vLLM validated into an openai pydantic object (e.g. a `function_call_output` '
+     'item with `id`, `status` and `[{"type": "input_file", "detail": null}]`) hits `assert isinstance(part, dict)`: '
+     '**500** with an empty message (found by `make fuzz`)'),
+    references='none found',
+    tests=('`tests/test_fuzz_findings.py::test_content_part_400_bug_without_and_fix_with_the_plugin`, '
+     "`plugin/tests/test_fuzz_findings.py` (each target's request model, chat parser and Responses converter); the "
+     'server answers vLLM\'s 400 "Unsupported chat content part type"'),
+    delete_when="vLLM's chat parser accepts (or refuses with a 4xx) a pydantic part",
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`entrypoints/chat_utils.py:1704`: `_parse_chat_message_content_mm_part` asserts '
+                         '`isinstance(part, dict)` (0.30 has no `renderers/chat_utils.py`; the patch finds this '
+                         'module)'))},
 )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, wrap_once
 
 NAME = "data-url-400"
 PROBE_URL = "data:image/png;charset=utf-8,hello"  # 501 on 0.23, 0.30 and 0.32 alike
@@ -65,6 +65,8 @@ def probe() -> BaseException | None:
 
 def check(_: Any) -> str | None:
     error = probe()
+    if isinstance(error, (TypeError, AttributeError)):  # the call no longer fits vLLM's loader
+        raise LayoutNotFound(f"vLLM's MediaConnector._load_data_url cannot be probed: {type(error).__name__}: {error}")
     if not isinstance(error, NotImplementedError):
         return f"vLLM refuses a non-base64 data URL with {type(error).__name__}, not NotImplementedError"
     return None
@@ -76,6 +78,16 @@ def apply(_: Any) -> None:
     wrap_once(MediaConnector, "_load_data_url", _load_data_url)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `MediaConnector._load_data_url` (both loaders call it): a data URL
+without `;base64` (vLLM's own test, RFC 2397) raises `ValueError` ("only base64 data URLs are
+accepted ...; encode the file with base64, e.g. data:image/png;base64,...") instead of vLLM's
+`NotImplementedError` (501). Refused, not decoded: base64 is what OpenAI's API and client
+libraries send, and a percent-decoder would be one more parser of hostile input for no client.
+Predicate: vLLM's own `_load_data_url`, given `data:,hello`, raises `NotImplementedError`.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -84,4 +96,13 @@ PATCH = Patch(
     upstream="vllm/multimodal/media/connector.py MediaConnector._load_data_url raises NotImplementedError (0.23-0.33)",
     check=check,
     apply=apply,
+    fixes=('a `data:` URL that is not base64 (`data:image/png,%89PNG...`, `data:,hello`) gets **501** '
+     '(`NotImplementedError` "Only base64 data URLs are supported for now.") instead of 400'),
+    references='none (0.23 - 0.33, `MediaConnector._load_data_url`)',
+    tests=('`test_media_loader_refusals_are_400s` (sync and async loaders + `create_error_response`: 400, 501 without); '
+     "`tests/test_request_guard.py::test_non_base64_data_urls_are_400s_saying_to_send_base64` (400 on 0.32's server)"),
+    delete_when='vLLM raises a 4xx error there (or decodes such URLs)',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`multimodal/media/connector.py:325-328`: `_load_data_url` raises `NotImplementedError` for '
+                         'a data URL without `;base64` (501 through `create_error_response`)'))},
 )

@@ -31,7 +31,7 @@ import ast
 import functools
 from typing import Any
 
-from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, emit, source_of, wrap_once
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, LayoutNotFound, Patch, emit, require_source, wrap_once
 from ._import_hook import when_imported
 
 NAME = "engine-death-exit"
@@ -89,14 +89,11 @@ def _shutdown(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*API_SERVER_LAUNCHERS)
-    if found is None:
-        return "vLLM has no API server launcher module here"
-    path, source = found
+    path, source = require_source(*API_SERVER_LAUNCHERS)
     function = next((node for node in ast.walk(ast.parse(source))
                      if isinstance(node, ast.FunctionDef) and node.name == "terminate_if_errored"), None)
     if function is None:
-        return f"vLLM's {path} has no terminate_if_errored"
+        raise LayoutNotFound(f"vLLM's {path} has no terminate_if_errored")
     assigned = {target.attr for node in ast.walk(function) if isinstance(node, ast.Assign)
                 for target in node.targets if isinstance(target, ast.Attribute)}
     does_more = any(isinstance(node, (ast.Raise, ast.Call)) and "exit" in ast.unparse(node).lower()
@@ -114,6 +111,24 @@ def apply(_: Any) -> None:
     when_imported(ENGINE_CLIENT_MODULE, lambda module: wrap_once(module.AsyncLLM, "shutdown", _shutdown))
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `terminate_if_errored` (vLLM's launcher module, and the exception
+handler module that imported it by name: `serve/exception_handling/handlers/vllm_error.py` on
+0.30 and 0.32, `serve/utils/server_utils.py` on 0.23) to record the death when that call is the one that
+stops the server and nobody asked the engine client to stop (`AsyncLLM.shutdown` is wrapped to
+note a SIGTERM/SIGINT stop: the requests cut by the shutdown timeout then see a dead engine too,
+and that stop must still exit 0). `run_server` (where vLLM defines it and in
+`vllm.entrypoints.cli.serve`, which imported it by name) is wrapped to raise `SystemExit(1)` once
+vLLM's own shutdown has finished: exit 1 through Python's normal teardown (atexit handlers,
+multiprocessing's child cleanup, log flushing), which `os._exit(1)` from an atexit handler would
+skip for every handler registered before it. Logs "the engine died: the API server stops and
+will exit with code 1". Predicate: the AST of vLLM's `terminate_if_errored` (read from source
+without importing the launcher, which pulls in uvicorn and FastAPI) does nothing but set
+`should_exit`. Only the single-API-server path (`vllm serve` without `--api-server-count` > 1,
+what this project runs) is covered.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -121,4 +136,17 @@ PATCH = Patch(
     upstream="vLLM's terminate_if_errored only stops uvicorn: `vllm serve` exits 0 (0.23-0.33, no fix)",
     check=check,
     apply=apply,
+    fixes=('after the `VLLM::EngineCore` process dies, the API server stops but exits **0**: `restart: on-failure` / '
+     'systemd `Restart=on-failure` take it for a clean stop'),
+    references="none (0.23 - 0.33: `terminate_if_errored` only sets uvicorn's `should_exit`)",
+    tests=('`test_engine_death_exits_1`; `tests/test_faults.py::test_slow_start_queue_limit_then_engine_death` (exit 1 on '
+     '0.32)'),
+    delete_when='vLLM exits non-zero after an engine death',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`entrypoints/launchers/launcher.py:199-209`: `terminate_if_errored` only sets '
+                         '`server.should_exit` (also imported by name in '
+                         '`entrypoints/serve/exception_handling/handlers/vllm_error.py:7`); `run_server` '
+                         '(`entrypoints/launchers/api_server/entry.py:163`, imported by name in '
+                         '`entrypoints/cli/serve.py:13` and `entrypoints/openai/api_server.py:10`) returns normally: '
+                         'exit 0 after an engine death without the plugin'))},
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, wrap_once
 
 NAME = "file-url-400"
 MESSAGE = ("Cannot load local files without `--allowed-local-media-path`: this server does not read "
@@ -52,6 +52,8 @@ def probe() -> BaseException | None:
 
 def check(_: Any) -> str | None:
     error = probe()
+    if isinstance(error, (TypeError, AttributeError)):  # the call no longer fits vLLM's loader
+        raise LayoutNotFound(f"vLLM's MediaConnector._load_file_url cannot be probed: {type(error).__name__}: {error}")
     if not isinstance(error, RuntimeError):
         return f"vLLM refuses file:// without a directory with {type(error).__name__}, not RuntimeError"
     return None
@@ -63,6 +65,15 @@ def apply(_: Any) -> None:
     wrap_once(MediaConnector, "_load_file_url", _load_file_url)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `MediaConnector._load_file_url` (both the sync and async loaders call
+it): with no directory configured it raises `ValueError` ("Cannot load local files without
+`--allowed-local-media-path`: this server does not read file:// URLs; send the image inline as a
+data: URL"), which vLLM's `create_error_response` maps to 400 on 0.23, 0.30 and 0.32. Predicate: vLLM's
+own `_load_file_url`, called on `MediaConnector()` for a file:// URL, raises `RuntimeError`.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -70,4 +81,14 @@ PATCH = Patch(
     upstream="vllm/multimodal/media/connector.py MediaConnector._load_file_url raises RuntimeError (0.23-0.33)",
     check=check,
     apply=apply,
+    fixes=('a `file://` image URL on a server without `--allowed-local-media-path` gets **500** (`RuntimeError`) instead '
+     'of 400'),
+    references='none (0.23 - 0.33, `MediaConnector._load_file_url`)',
+    tests=('`test_media_loader_refusals_are_400s`; '
+     '`tests/test_security.py::test_file_urls_only_inside_the_allowed_directory` (400 on 0.32)'),
+    delete_when='vLLM raises a 4xx error there',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`multimodal/media/connector.py:338-342`: `_load_file_url` raises `RuntimeError` without '
+                         '`--allowed-local-media-path` (500 through '
+                         '`entrypoints/serve/exception_handling/error_response.py`)'))},
 )

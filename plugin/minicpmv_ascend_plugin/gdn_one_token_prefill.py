@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, platform_name, source_of, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, platform_name, require_source, wrap_once
 
 NAME = "gdn-one-token-prefill"
 GDN_CPU = "model_executor/layers/mamba/ops/cpu/gdn_attention.py"
@@ -108,16 +108,17 @@ def probe() -> BaseException | None:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(GDN_CPU)
-    if found is None or CALL not in found[1]:
-        return "vLLM has no CPU GDN prefill through ops.causal_conv1d_fwd_cpu"
+    # The platform first: off vLLM-CPU the kernel never runs, whatever vLLM's source looks like.
     platform = platform_name()
     if platform != "cpu":
         return f"platform {platform} does not run vLLM-CPU's GDN conv kernel"
+    path, source = require_source(GDN_CPU)
+    if CALL not in source:
+        raise LayoutNotFound(f"vLLM's {path} has no CPU GDN prefill through ops.causal_conv1d_fwd_cpu")
     import vllm._custom_ops as ops
 
     if not hasattr(ops, "causal_conv1d_fwd_cpu"):
-        return "vllm._custom_ops has no causal_conv1d_fwd_cpu"
+        raise LayoutNotFound("vllm._custom_ops has no causal_conv1d_fwd_cpu")
     error = probe()
     if error is None:
         return "vLLM's causal_conv1d_fwd_cpu accepts a one-token prefill"
@@ -132,6 +133,38 @@ def apply(_: Any) -> None:
     wrap_once(ops, "causal_conv1d_fwd_cpu", _causal_conv1d_fwd_cpu)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+vLLM-CPU's Gated DeltaNet prefill hands its conv kernel
+`x = mixed_qkv.transpose(0, 1)`, where `mixed_qkv` is a column slice of the fused projection
+(`mixed_qkvz.split(...)`, `vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:1121` in
+0.32) passed through `.contiguous()` (`ops/cpu/gdn_attention.py:228`). With two or more tokens
+that copies. With one token the `[1, qkv]` view already counts as contiguous (PyTorch ignores the
+stride of a size-1 dimension), so it keeps the projection's row stride. The kernel
+(`csrc/cpu/sgl-kernels/conv.cpp`) checks `x.stride(-1) == x.size(-2)` and raises. Only a FIRST
+chunk of one token is a prefill. Since vLLM #51565 (the fix of vLLM issue #51562: a stateless
+first chunk must not read a recycled state) it is no longer run as a decode. A one-token
+remainder of a longer prompt is still a decode, so 2, 64 or 65 tokens (also with a 64-token
+budget) never failed. The patch wraps `vllm._custom_ops.causal_conv1d_fwd_cpu`, the only way to
+the kernel: a one-token x that fails the check is copied into the layout the kernel checks for
+(the same values, bit for bit). Numerics: the kernel's output and conv state for the token are
+bitwise those of the same token as the first of a two-token prefill. End to end, the first
+generated token's top-5 logprobs after `[100]` (and after the one-token text `"a"`) equal the
+prompt logprobs at position 1 of `[100, 7, 8, 9]`: an ordinary multi-token prefill, which
+at position 0 sees only that token. Measured on the CPU server: max |difference| 0.0.
+Predicate: vLLM's CPU GDN source calls `ops.causal_conv1d_fwd_cpu(`, the platform is CPU, and
+the op, called with a one-token x built the way vLLM builds it (a column slice,
+`.contiguous()`, transposed), raises "expect x to be transposed". vLLM 0.23's Python code has the
+same CPU path (`gdn_attention.py:77, :162`). Its GDN metadata, however, still ran a one-token
+first chunk as a decode (the recycled-state bug), and `.venv-vllm023` is a CUDA build without
+the CPU kernel, so there the patch says "platform unspecified". vLLM 0.30's Python code has the
+CPU path too (`gdn_attention.py:125, :213`); `.venv-vllm030` is likewise a CUDA build: "platform
+unspecified". Chat requests never reach
+this: the chat template makes even an empty message 6 tokens or more, and request chat
+templates need `--trust-request-chat-template`. On Ascend, see `docs/deploy-ascend.md`,
+checklist item 17.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -140,4 +173,16 @@ PATCH = Patch(
     upstream="vLLM-CPU causal_conv1d_fwd_cpu checks the stride of a size-1 token axis (0.32; no upstream issue found)",
     check=check,
     apply=apply,
+    fixes=('vLLM-CPU only: a prompt of exactly one token kills the engine (`RuntimeError: causal_conv1d_fwd_cpu: expect x '
+     'to be transposed.`); every request in flight gets 500 and the server stops'),
+    references='none found (vLLM #51565 made a one-token first chunk a prefill, which reaches this check)',
+    tests=('`test_one_token_prompt_kills_the_engine_without_the_plugin`, `test_one_token_conv_kernel_probe_and_fix`; '
+     '`test_one_token_prompt_logprobs_equal_the_longer_prompts` and the one-token rows of '
+     '`tests/test_bad_requests.py` (200, server healthy)'),
+    delete_when='the probe passes: the kernel accepts a one-token prefill as vLLM lays it out',
+    details=DETAILS,
+    evidence={"0.30.0": ('not here', ("a vLLM-CPU kernel's bug: 0.30 has the CPU GDN path "
+                         '(`model_executor/layers/mamba/ops/cpu/gdn_attention.py:125, :213`), but the predicate runs '
+                         'only on platform `cpu` (this CUDA wheel: "unspecified"; Ascend runs vllm-ascend\'s '
+                         'kernels)'))},
 )

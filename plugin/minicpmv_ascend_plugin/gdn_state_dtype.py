@@ -53,6 +53,16 @@ def apply(_: Any) -> None:
     config_hook.add(NAME, hook)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+a config hook, run before the model is built, that sets
+`mamba_ssm_cache_dtype` from `text_config.mamba_ssm_dtype` (default float32) only while it is
+`auto`. The launcher already passes `--mamba-ssm-cache-dtype` from the checkpoint, so under the
+launcher this changes nothing; it is there because users also start `vllm serve` (or
+`vllm.LLM`) themselves with this image, and then the state would silently be bf16. It applies on
+every platform because the gap is vLLM's (0.23 to 0.33), not Ascend's.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -61,4 +71,14 @@ PATCH = Patch(
     "(vllm/model_executor/models/config.py, 0.23-0.33)",
     check=check,
     apply=apply,
+    fixes=('`--mamba-ssm-cache-dtype auto` leaves the Gated DeltaNet state in bf16 although the checkpoint says float32 '
+     "(vLLM's Qwen3.5 config hook is not mapped to MiniCPM-V 4.6)"),
+    references='none (0.23 - 0.33 lack it)',
+    tests='`test_config_hooks_in_vllmconfig`, `test_ascend_rotary_config_is_an_exact_noop`',
+    delete_when='vLLM maps `MiniCPMV4_6ForConditionalGeneration` in `MODELS_CONFIG_MAP`',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`model_executor/models/config.py:1001-1044`: `MODELS_CONFIG_MAP` maps the Qwen3.5 '
+                         'architectures to `Qwen3_5ForConditionalGenerationConfig` (:801, copies `mamba_ssm_dtype` '
+                         'at :811-814) and has no `MiniCPMV4_6ForConditionalGeneration`: `auto` stays `auto` without '
+                         'the plugin'))},
 )

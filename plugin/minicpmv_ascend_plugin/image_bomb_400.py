@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, wrap_once
 
 NAME = "image-bomb-400"
 
@@ -81,6 +81,9 @@ def check(_: Any) -> str | None:
     if not Image.MAX_IMAGE_PIXELS:
         return "Pillow's decompression-bomb limit is off (PIL.Image.MAX_IMAGE_PIXELS is None)"
     error = probe()
+    # the call no longer fits vLLM's loader, or reaches an abstract base (ImageMediaIO lost load_bytes)
+    if isinstance(error, (TypeError, AttributeError, NotImplementedError)):
+        raise LayoutNotFound(f"vLLM's ImageMediaIO.load_bytes cannot be probed: {type(error).__name__}: {error}")
     if isinstance(error, ValueError) or not isinstance(error, Image.DecompressionBombError):
         return f"vLLM refuses a decompression bomb with {type(error).__name__}, not DecompressionBombError"
     return None
@@ -92,6 +95,18 @@ def apply(_: Any) -> None:
     wrap_once(ImageMediaIO, "load_bytes", _load_bytes)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+Pillow's `Image.open` raises `DecompressionBombError` (an `Exception`, not
+an `OSError`) from the header, before decoding, above 2 x `PIL.Image.MAX_IMAGE_PIXELS`. vLLM's
+`ImageMediaIO.load_bytes` (0.23, 0.30 and 0.32, `vllm/multimodal/media/image.py`; every image
+path goes through it: data: URLs, http(s), file://) maps only `OSError` / `UnidentifiedImageError` to
+`ValueError`, so the bomb became 500. The patch wraps `load_bytes` and raises `ValueError`
+("Failed to load image: <Pillow's message> Downscale the image to at most 178956970 pixels and
+send it again."), which all three map to 400. Predicate: vLLM's own `load_bytes`, given a
+1x1 PNG whose header says 14000x14000, raises `DecompressionBombError`.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -99,4 +114,14 @@ PATCH = Patch(
     upstream="vllm/multimodal/media/image.py ImageMediaIO.load_bytes lets DecompressionBombError through (0.23-0.32)",
     check=check,
     apply=apply,
+    fixes=("an image whose header claims more than Pillow's limit (178,956,970 pixels; a 411-byte PNG that says "
+     '14000x14000) gets **500** (`DecompressionBombError`) instead of 400'),
+    references='none (0.23, 0.30, 0.32: `ImageMediaIO.load_bytes` catches only `OSError`)',
+    tests=("`test_media_loader_refusals_are_400s` (the target's `ImageMediaIO` + `create_error_response`: 400, 500 "
+     "without); row 40 of `tests/test_bad_requests.py` (400 on 0.32's server)"),
+    delete_when='`ImageMediaIO.load_bytes` raises a 4xx error for it',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`multimodal/media/image.py:79-94`: `load_bytes` maps only `OSError` / '
+                         '`UnidentifiedImageError` to `ValueError`; its `VLLM_MAX_IMAGE_PIXELS` check (:83-89) comes '
+                         'after `Image.open`, which raises `DecompressionBombError` (500 without the plugin)'))},
 )

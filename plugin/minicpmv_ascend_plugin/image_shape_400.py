@@ -25,7 +25,7 @@ import functools
 import os
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, source_of, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, require_source, wrap_once
 
 NAME = "image-shape-400"
 ASPECT_ENV = "MAX_IMAGE_ASPECT_RATIO"
@@ -84,9 +84,9 @@ def check(_: Any) -> str | None:
 
     missing = [n for n in ("fetch_image", "fetch_image_async") if not hasattr(MediaConnector, n)]
     if missing:
-        return f"vLLM's MediaConnector has no {', '.join(missing)}"
-    found = source_of("multimodal/media/image.py", "multimodal/image.py")
-    if found and "aspect" in found[1].lower():
+        raise LayoutNotFound(f"vLLM's MediaConnector has no {', '.join(missing)}")
+    _, source = require_source("multimodal/media/image.py", "multimodal/image.py")
+    if "aspect" in source.lower():
         return "vLLM's image loader bounds the aspect ratio itself"
     return None
 
@@ -98,6 +98,17 @@ def apply(_: Any) -> None:
     wrap_once(MediaConnector, "fetch_image_async", _fetch_image_async)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `MediaConnector.fetch_image` and `fetch_image_async` (every image of a
+chat: data:, http(s), file://): the loaded image's longer side / shorter side at most
+`MAX_IMAGE_ASPECT_RATIO` (200, the launcher's `max_image_aspect_ratio`; Qwen2-VL's processor
+enforces the same bound) and width x height at most `VLLM_MAX_IMAGE_PIXELS` (vLLM's variable and
+default, applied on 0.23 too, where vLLM lacks it); past either a `ValueError` (400) saying what
+to change, before the processor slices the image. Predicate: the connector has both methods and
+vLLM's image loader source says nothing of an aspect ratio.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -106,4 +117,14 @@ PATCH = Patch(
     upstream="none: no vLLM setting bounds an image's aspect ratio (0.23-0.33); VLLM_MAX_IMAGE_PIXELS from 0.30",
     check=check,
     apply=apply,
+    fixes=("no bound on an image's aspect ratio: a 100000x1 PNG (a few hundred bytes) costs 13-53 s of processing and is "
+     "served; vLLM 0.23 has no pixel bound besides Pillow's 2x bomb limit"),
+    references='none (0.23 - 0.33; `VLLM_MAX_IMAGE_PIXELS` from 0.30)',
+    tests=("`plugin/tests/test_server_patches.py::test_media_loader_refusals_are_400s` (each target's connector: 400 with, "
+     "served without); row of `tests/test_bad_requests.py` (400 on 0.32's server)"),
+    delete_when='vLLM bounds the aspect ratio',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`multimodal/media/image.py:79-94`: `load_bytes` bounds the pixel count '
+                         '(`VLLM_MAX_IMAGE_PIXELS`) but not the aspect ratio; `multimodal/media/connector.py` '
+                         '`fetch_image` / `fetch_image_async` hand any shape to the processor'))},
 )

@@ -27,7 +27,7 @@ import dataclasses
 from types import ModuleType
 from typing import Any
 
-from ._base import AT_MODEL_IMPORT, Patch, release, vllm_version
+from ._base import AT_MODEL_IMPORT, LayoutNotFound, Patch, release, vllm_version
 
 NAME = "image-size-order"
 PROBE_W, PROBE_H = 300, 200  # any non-square size
@@ -112,8 +112,11 @@ def probe(module: ModuleType) -> Plan:
 def plan(module: ModuleType) -> Plan:
     try:
         return probe(module)
-    except Exception:  # noqa: BLE001 - unknown code shape: fall back on the release history
+    except Exception as error:
         version = release(vllm_version())
+        if version >= (0, 25):  # a release the history says is fixed, in code the probe does not know
+            raise LayoutNotFound(f"the probe of vLLM's placeholder code failed ({type(error).__name__}: "
+                                 f"{error})") from error
         return Plan(version < (0, 24), version < (0, 25), "version")
 
 
@@ -149,6 +152,20 @@ def apply_plan(module: ModuleType, p: Plan) -> None:
     info_cls._compute_visual_tokens = _compute_visual_tokens
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+the trap is that 0.23 swaps (width, height) in the size *and*
+(rows, columns) in the slice layout, and the two swaps cancel in the newline layout; backporting
+only the size order (as 0.24.0 shipped) gives the right count and a transposed layout for every
+non-square grid. The patch wraps `_compute_visual_tokens`: it hands vLLM's code the size in
+(height, width) tuple order when vLLM passes it raw, and returns the grid in the order that
+vLLM's layout code reads it; counts are products of the grid, so only the layout sees the order.
+Predicate: vLLM's own `_compute_visual_tokens`, `get_slice_image_placeholder` and
+`get_video_prompt_texts` are called with a recording stand-in for transformers' image processor
+and tokenizer (which order reaches transformers; how many rows a 2x3 grid gets); if that probe
+cannot run, the release (< 0.24 / < 0.25) decides.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,
@@ -156,4 +173,14 @@ PATCH = Patch(
     upstream="vllm-project/vllm#45244 (size order, vLLM 0.24.0); grid read as (rows, cols) in vLLM >= 0.25",
     check=check,
     apply=apply,
+    fixes=('placeholders counted with (width, height) where transformers takes (height, width): wrong count for 10.7 % of '
+     'sizes (1084x820: 495 vs 441); slice rows read as (cols, rows)'),
+    references='vLLM #45244 (size, 0.24.0); (rows, cols) layout by 0.25.1',
+    tests='`test_image_size_order_1084x820`, `test_slice_layout_is_transformers`, the sweep',
+    delete_when='vLLM >= 0.25',
+    details=DETAILS,
+    evidence={"0.30.0": ('not needed', ('`minicpmv4_6.py:569`: `hf_image_size = (image_size.height, image_size.width)` handed to '
+                         '`get_sliced_grid` / `find_best_resize` / `get_refine_size` (:573-604); `:655` `num_rows, '
+                         'num_cols = grids[0], grids[1]`, and rows = `grids[0]` for videos (:151-153). The sweep: 0 '
+                         'mismatches without the plugin in both modes'))},
 )

@@ -48,7 +48,7 @@ import json
 import re
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, package_dir, source_of, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, package_dir, require_source, wrap_once
 from ._import_hook import when_imported
 
 NAME = "json-whitespace"
@@ -189,14 +189,11 @@ def _post_init(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of("v1/structured_output/backend_xgrammar.py")
-    if found is None:
-        return "vLLM has no xgrammar backend module here"
-    path, source = found
+    path, source = require_source("v1/structured_output/backend_xgrammar.py")
     if "max_whitespace_cnt" in source:
         return f"vLLM's {path} bounds whitespace itself"
     if "self.compiler.compile_json_schema(" not in source or "__post_init__" not in source:
-        return f"vLLM's {path} does not compile through self.compiler (another layout)"
+        raise LayoutNotFound(f"vLLM's {path} does not compile through self.compiler (another layout)")
     xgrammar = package_dir("xgrammar")
     compiler = xgrammar / "compiler.py" if xgrammar else None
     if compiler is None or not compiler.is_file():
@@ -211,6 +208,22 @@ def apply(_: Any) -> None:
     when_imported(BACKEND, lambda module: wrap_once(module.XgrammarBackend, "__post_init__", _post_init))
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps the xgrammar compiler vLLM's `XgrammarBackend` builds
+(`__post_init__`, in the engine process, when vLLM imports the backend): `compile_json_schema`
+with `any_whitespace` gets `max_whitespace_cnt=8`, and every `json_schema` element of a structural
+tag without a bound gets 8. `disable_any_whitespace` is left alone. Before that, the
+qwen_3_coder tool-call tag of a forced call (0.30, 0.32; 0.23 forces calls through the JSON-schema
+path, which holds the schema itself) is tightened: each `qwen_xml` arguments element becomes
+xgrammar's own EBNF for it with exactly the chat template's newline around each value (vLLM's
+parser strips one each side, so the value handed out is the one the schema's grammar accepted),
+and `required`'s `triggered_tags` (a call, then free text) becomes `tags_with_separator` (a call,
+then the end or another call). A client's own structural tag is left as it is. Predicate: vLLM's
+`backend_xgrammar.py` compiles through `self.compiler`, never mentions `max_whitespace_cnt`, and
+the installed xgrammar has it (read from source in `register()`).
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -220,4 +233,20 @@ PATCH = Patch(
     upstream="vllm-project/vllm#38696 (open); fix proposed in #44619",
     check=check,
     apply=apply,
+    fixes=('JSON schemas, `json_object` and forced tool calls (xgrammar structural tags) allow endless whitespace: a model '
+     'that ranks whitespace first writes it until `max_tokens` (the random model: `\\r` after '
+     '`<function=get_weather>`); at most 8 in a row. Forced calls (0.30, 0.32): whitespace around an argument value '
+     'passes the grammar (`" Paris\\r "` for an enum of `Paris`), and a `required` call is followed by free text to '
+     '`max_tokens`; tightened'),
+    references='vLLM #38696 (open); fix proposed in #44619',
+    tests=("`plugin/tests/test_json_whitespace.py` (each target's `XgrammarBackend`: a JSON schema, `json_object` and a "
+     "forced call, endless without, 8 with), `tests/test_json_whitespace.py` (0.32's grammars); "
+     '`tests/test_applications.py` (forced calls and JSON schemas end with random weights)'),
+    delete_when='vLLM bounds whitespace itself',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`v1/structured_output/backend_xgrammar.py:86-91`: `compile_json_schema(..., '
+                         'any_whitespace=...)` without `max_whitespace_cnt`; a forced call (`tool_choice=required`) '
+                         "is xgrammar's qwen_3_coder structural tag (`parser/abstract_parser.py:564-598`, "
+                         '`VLLM_ENFORCE_STRICT_TOOL_CALLING` on by default, `envs.py:1751`) whose `json_schema` part '
+                         'has `max_whitespace_cnt: null`; xgrammar 0.2.8 is in the lock'))},
 )

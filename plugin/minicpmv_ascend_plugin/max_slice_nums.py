@@ -75,6 +75,14 @@ def apply(module: ModuleType) -> None:
     info_cls.get_slice_image_placeholder = get_slice_image_placeholder
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps each image replacement of a request that sets `max_slice_nums` so
+that `get_slice_image_placeholder` sees the value (a context variable), without rewriting vLLM's
+closure. Only the flat key: it is what 0.23's `process_images` hands to the image processor.
+Predicate: `get_image_prompt_texts` has no `max_slice_nums` parameter.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,
@@ -82,4 +90,13 @@ PATCH = Patch(
     upstream="vLLM >= 0.32 minicpmv4_6.py (_resolve_max_slice_nums); absent in 0.25.1",
     check=check,
     apply=apply,
+    fixes='per-request `max_slice_nums` cuts the image but the placeholders keep the default 9 (1084x820, 2: 441 vs 183)',
+    references='vLLM 0.32 `_resolve_max_slice_nums`',
+    tests='`test_per_request_max_slice_nums`, the sweep',
+    delete_when='vLLM >= 0.32',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`minicpmv4_6.py:105-118`: `get_image_prompt_texts(image_size, image_idx, downsample_mode)` '
+                         "has no `max_slice_nums`, while `:185` hands the request's kwargs to the image processor. "
+                         '1084x820 with `max_slice_nums=2`: 441 placeholders for 183 embeddings without the plugin; '
+                         'the sweep: 439 of 2,048 sizes wrong'))},
 )

@@ -51,6 +51,14 @@ def apply(module: ModuleType) -> None:
     module.MiniCPMV4_6ProcessingInfo.get_hf_processor = get_hf_processor
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+`MiniCPMV4_6ProcessingInfo` inherits the pre-4.6 `get_hf_processor`,
+which wraps the processor in vLLM's vendored `MiniCPMVProcessor` whose `__init__` reads
+`image_processor.version`. The backport adds the 0.24 method that returns transformers' own
+`MiniCPMV4_6Processor`. Predicate: the class does not define `get_hf_processor` itself.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,
@@ -58,4 +66,12 @@ PATCH = Patch(
     upstream="vllm-project/vllm#44980 (vLLM >= 0.24.0); vllm-project/vllm-ascend#13491",
     check=check,
     apply=apply,
+    fixes=("`AttributeError: 'MiniCPMV4_6ImageProcessor' object has no attribute 'version'` on the first image and in the "
+     'profiling dummy inputs (no server start)'),
+    references='vLLM #44980; vllm-ascend #13491',
+    tests='`test_processor_version`',
+    delete_when='vLLM >= 0.24',
+    details=DETAILS,
+    evidence={"0.30.0": ('not needed', ('`model_executor/models/minicpmv4_6.py:483`: `MiniCPMV4_6ProcessingInfo.get_hf_processor` '
+                         "returns transformers' own processor (vLLM #44980)"))},
 )

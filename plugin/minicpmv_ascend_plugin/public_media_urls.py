@@ -37,7 +37,7 @@ import functools
 import threading
 from typing import Any
 
-from ._base import AT_REGISTER, Patch, wrap_once
+from ._base import AT_REGISTER, LayoutNotFound, Patch, wrap_once
 
 NAME = "public-media-urls"
 
@@ -144,7 +144,8 @@ def check(_: Any) -> str | None:
     missing = [name for name in ("load_from_url", "load_from_url_async", "_assert_url_in_allowed_media_domains")
                if not hasattr(MediaConnector, name)]
     if missing:
-        return f"vLLM's MediaConnector has no {', '.join(missing)} (another layout: public mode not available)"
+        raise LayoutNotFound(f"vLLM's MediaConnector has no {', '.join(missing)} (another layout: public mode "
+                             "not available)")
     return None
 
 
@@ -156,6 +157,18 @@ def apply(_: Any) -> None:
     wrap_once(MediaConnector, "load_from_url_async", _load_async)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+the launcher passes vLLM, for `ALLOWED_MEDIA_DOMAINS=public`, an
+allow-list entry no URL host can equal (`minicpmv_ascend.media_urls.PUBLIC_SENTINEL`), plus the
+hosts listed next to `public`. A `MediaConnector` holding that entry skips vLLM's host-name check
+and fetches http(s) URLs with `minicpmv_ascend.media_urls.fetch` (the rules:
+docs/reliability.md, "Media fetching"); `data:` and `file://` stay vLLM's. Without the plugin,
+vLLM's own check refuses every URL with the entry quoted (fail closed). Predicate: vLLM's
+`MediaConnector` has `load_from_url`, `load_from_url_async` and
+`_assert_url_in_allowed_media_domains` (0.23 - 0.33).
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -164,4 +177,19 @@ PATCH = Patch(
     upstream="vllm-project/vllm#57157 (open); fix proposed in #57825",
     check=check,
     apply=apply,
+    fixes=('`allowed_media_domains=public`: image URLs fetched only from public addresses (every host of the first URL and '
+     'each redirect resolved once, refused unless all its addresses are public, the socket opened to the checked '
+     "address; vLLM's fetch timeout per modality as ONE deadline for the whole fetch, enforced while a read blocks; "
+     "at most `MEDIA_URL_FETCHES` (32) fetches in flight in the plugin's own threads, one more a 400 at once); vLLM "
+     "alone compares host names and reaches any address, and a trickling host held a fetch and a thread of asyncio's "
+     'default pool as long as it trickled (active only for a server started with `public`)'),
+    references='vLLM #57157 (open); fix proposed in #57825',
+    tests=('`tests/test_security.py::test_public_mode_refuses_loopback_under_every_spelling_for_real`, '
+     '`::test_a_redirect_to_a_refused_address_is_not_followed`, '
+     '`::test_trickling_image_hosts_get_a_400_by_the_deadline_and_starve_no_one`, `tests/test_media_urls.py` (slow '
+     'hosts on loopback), `plugin/tests/test_server_patches.py::test_public_media_urls_on_the_targets_connector`'),
+    delete_when="vLLM checks every hop's resolved addresses and pins the connection",
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`multimodal/media/connector.py:355-364`: the allow-list compares the host name only; '
+                         'redirects follow `VLLM_MEDIA_URL_ALLOW_REDIRECTS` (:391, :444)'))},
 )

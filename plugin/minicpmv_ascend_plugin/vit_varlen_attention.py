@@ -40,7 +40,7 @@ import textwrap
 from types import ModuleType
 from typing import Any
 
-from ._base import AT_MODEL_IMPORT, Patch, wrap_once
+from ._base import AT_MODEL_IMPORT, LayoutNotFound, Patch, wrap_once
 
 NAME = "vit-varlen-attention"
 
@@ -171,16 +171,16 @@ def check(module: ModuleType) -> str | None:
     if "cu_seqlens" in own:
         return "vLLM's get_vision_hidden_states already runs the encoder over cu_seqlens (varlen)"
     if "attention_mask" not in own:
-        return "vLLM's get_vision_hidden_states builds no padded attention mask"
+        raise LayoutNotFound("vLLM's get_vision_hidden_states builds no padded attention mask (nor runs varlen)")
     if "scaled_dot_product_attention" not in inspect.getsource(idefics2.Idefics2VisionAttention.forward):
-        return "vLLM's Idefics2VisionAttention has no masked SDPA path"
+        raise LayoutNotFound("vLLM's Idefics2VisionAttention has no masked SDPA path")
     parameters = inspect.signature(idefics2.MMEncoderAttention.forward_native).parameters
     if not {"cu_seqlens", "max_seqlen"} <= set(parameters):
-        return "not applied: vLLM's MMEncoderAttention takes no cu_seqlens/max_seqlen"
+        raise LayoutNotFound("vLLM's MMEncoderAttention takes no cu_seqlens/max_seqlen")
     statements = body_statements(idefics2.Idefics2EncoderLayer.forward)
     if statements != LAYER_STATEMENTS:
-        return ("not applied: vLLM's Idefics2EncoderLayer.forward is not the pre-norm residual "
-                f"sequence this patch mirrors ({'; '.join(statements)})")
+        raise LayoutNotFound("vLLM's Idefics2EncoderLayer.forward is not the pre-norm residual "
+                             f"sequence this patch mirrors ({'; '.join(statements)})")
     return None
 
 
@@ -189,6 +189,34 @@ def apply(module: ModuleType) -> None:
               lambda original: lambda self, data, downsample_mode=None: get_vision_hidden_states(
                   self, data, downsample_mode))
 
+
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states`
+(4.7 on 0.32 inherits it, so the wrapper covers it; `Idefics2VisionAttention`, shared with
+Idefics3, SmolVLM and MiniCPM-V 2.x-4.5, is untouched). The embeddings are computed as vLLM does
+(slices padded to the longest, one conv), then the valid patches of each slice are packed into
+one `(tokens, 1152)` sequence; each encoder layer runs its own layer norms, `qkv_proj`,
+`out_proj` and MLP, with attention through its own `MMEncoderAttention` given `cu_seqlens` (int32,
+leading 0, on the device) and `max_seqlen` as vLLM's varlen encoders build them
+(`siglip2navit.py`); the `vit_merger` (16x) and the `merger` are vLLM's modules called per slice
+(they read only each slice's valid rows of the padded batch), and `cu_seqlens` is rebuilt after
+the `vit_merger`. vllm-ascend's `AscendMMEncoderAttention.forward_oot` takes exactly this: a
+`(1, tokens, heads x 72)` query and `cu_seqlens` (moved to the host), TND layout,
+`npu_fused_infer_attention_score`, head_dim 72 padded to 128 (vllm-ascend main of 2026-08-22).
+Equality (`vit_varlen_check.py`, real attention shape, 2 layers, 1084x820 cut into 3 slices of
+1008/960/960 patches, 16x and 4x): the varlen bf16 output differs from the masked bf16 output by
+at most 0.0078 where masked bf16 vs masked fp32 differs by 0.0096-0.012 (max abs, outputs up to
+~1.6); in fp32 varlen, masked and transformers agree to ~1e-6. Predicate (read from the installed
+code): `get_vision_hidden_states` mentions `attention_mask` and not `cu_seqlens`,
+`Idefics2VisionAttention.forward` has its `scaled_dot_product_attention` path,
+`MMEncoderAttention.forward_native` takes `cu_seqlens` and `max_seqlen`, and
+`Idefics2EncoderLayer.forward`'s statements (by `ast`) are the pre-norm residual sequence the
+patch mirrors; a changed layer is "layout not found" (unapplied, a warning). Not handled: vLLM's
+FlashInfer encoder backend (CUDA only), which wants padded `cu_seqlens` and `sequence_lengths`
+(`MMEncoderAttention.maybe_recompute_cu_seqlens`); the CPU runs `_forward_sdpa`, which loops over
+the slices. Switch it off alone with `MINICPMV_ASCEND_PLUGIN=off:vit-varlen-attention`.
+"""
 
 PATCH = Patch(
     name=NAME,
@@ -199,4 +227,22 @@ PATCH = Patch(
     "vllm-ascend AscendMMEncoderAttention (#8671, #10549, #12084)",
     check=check,
     apply=apply,
+    fixes=('not a bug but the path: sliced images (source and grid slices differ in patch count) and mixed encoder batches '
+     "are padded and masked, and `Idefics2VisionAttention` then runs torch's SDPA instead of vLLM's "
+     "`MMEncoderAttention`, so vllm-ascend's fused encoder attention (`AscendMMEncoderAttention`) never runs for "
+     "them. The patch runs 4.6's (and 0.32's 4.7's) encoder over the packed slices with `cu_seqlens` through "
+     '`MMEncoderAttention`'),
+    references="none (0.23, 0.30, 0.32 pad and mask); transformers' 4.6 vision model is varlen",
+    tests=('`plugin/tests/test_vit_varlen_attention.py` (each target), `tests/test_vit_varlen_attention.py` (0.32, 4.6 and '
+     "4.7): the stand-in platform attention never called without, called per layer with the slices' `cu_seqlens` "
+     "with; within the masked path's bf16 noise floor; equal to transformers in fp32"),
+    delete_when=("vLLM's MiniCPM-V 4.6 / Idefics2 encoder runs sliced batches varlen (`cu_seqlens`) itself, as transformers' "
+     'does'),
+    details=DETAILS,
+    evidence={"0.30.0": ('applied', ('`minicpmv4_6.py:1137`: `get_vision_hidden_states` builds an additive float mask whenever a '
+                         "slice is shorter than the batch's longest (`if torch.any(~patch_attn_mask)`), and the "
+                         '`vit_merger` rebuilds it (:850); `idefics2_vision_model.py:218-235`: '
+                         '`Idefics2VisionAttention.forward` calls `MMEncoderAttention` only when `attention_mask is '
+                         'None`, else `F.scaled_dot_product_attention` on padded tensors (0.23: '
+                         '`minicpmv4_6.py:1076`, `idefics2_vision_model.py:185-202`; 0.32: `:1346`, `:217-234`)'))},
 )

@@ -84,6 +84,18 @@ def test_loaded_by_vllm_decides_what_this_vllm_needs(loaded, target):
     assert f"applied: {', '.join(applied) or 'none'}; skipped: {', '.join(skipped) or 'none'}" in lines[1]
 
 
+def test_no_predicate_misses_its_layout(loaded, target):
+    """Every patch's predicate finds, in this target's vLLM, the code it reads to decide: none says
+    "layout not found" (the state in which a server only warns; see plugin/README.md)."""
+    import minicpmv_ascend_plugin as plugin
+
+    out, log = loaded
+    assert set(out["decisions"]) == {p.name for p in plugin.PATCHES}
+    unfound = {k: v[1] for k, v in out["decisions"].items() if v[0] == plugin.LAYOUT_NOT_FOUND}
+    assert not unfound, f"vLLM {target.vllm}: layout not found: {unfound}"
+    assert "layout not found" not in log
+
+
 def test_patch_table_column_is_this_vllms_decisions(loaded, target):
     """The generated table in plugin/README.md and docs/deploy-ascend.md says, in this target's
     column, what this vLLM's predicates decide (`make patch-table` regenerates it)."""
