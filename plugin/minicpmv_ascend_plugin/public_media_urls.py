@@ -11,7 +11,7 @@ redirect switch with #26035.
 
 Fix: the launcher hands vLLM, for `public`, an allow-list holding `media_urls.PUBLIC_SENTINEL` (and
 the hosts listed next to it). For a connector with that entry, this patch skips vLLM's host-name
-check and fetches http(s) URLs with `minicpmv_ascend.media_urls.fetch` instead of vLLM's HTTP
+check and fetches http(s) URLs with `minicpmv_ascend.server.media_urls.fetch` instead of vLLM's HTTP
 client: every host of the first URL and of each redirect is resolved once, refused unless all its
 addresses are public (hosts listed next to `public` excepted), and the socket goes to the checked
 address; vLLM's fetch timeout per modality (VLLM_IMAGE_FETCH_TIMEOUT, VLLM_VIDEO_FETCH_TIMEOUT) is one
@@ -160,9 +160,9 @@ def apply(_: Any) -> None:
 # plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
 DETAILS = r"""
 the launcher passes vLLM, for `ALLOWED_MEDIA_DOMAINS=public`, an
-allow-list entry no URL host can equal (`minicpmv_ascend.media_urls.PUBLIC_SENTINEL`), plus the
+allow-list entry no URL host can equal (`minicpmv_ascend.server.media_urls.PUBLIC_SENTINEL`), plus the
 hosts listed next to `public`. A `MediaConnector` holding that entry skips vLLM's host-name check
-and fetches http(s) URLs with `minicpmv_ascend.media_urls.fetch` (the rules:
+and fetches http(s) URLs with `minicpmv_ascend.server.media_urls.fetch` (the rules:
 docs/reliability.md, "Media fetching"); `data:` and `file://` stay vLLM's. Without the plugin,
 vLLM's own check refuses every URL with the entry quoted (fail closed). Predicate: vLLM's
 `MediaConnector` has `load_from_url`, `load_from_url_async` and
