@@ -23,7 +23,6 @@ import json
 import pathlib
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import pytest
@@ -31,8 +30,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version as PackagingVersion
 
-from conftest import REPO, clean_env
-from test_deploy_support import (
+import transformers_decision as td
+from support.deploy import (
     APP_DIR,
     K8S,
     copy_map,
@@ -47,9 +46,7 @@ from test_deploy_support import (
     shell_commands,
     stage_args,
 )
-
-sys.path.insert(0, str(REPO / "scripts"))
-import transformers_decision as td
+from support.server import REPO, clean_env
 
 DOCKERFILE = REPO / "Dockerfile"
 DECISION = REPO / "scripts" / "transformers_decision.py"

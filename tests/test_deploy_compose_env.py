@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO
 from minicpmv_ascend import settings
-from test_deploy_support import (
+from support.deploy import (
     ASCEND_ENV,
     CPU_ENV,
     ENV_DIR,
@@ -33,6 +32,7 @@ from test_deploy_support import (
     restated_defaults,
     run_tool,
 )
+from support.server import REPO
 
 COMPOSE = REPO / "compose.yaml"
 # What `docker run` needs for one Ascend card: docs/design/ascend-stack.md, "Running Ascend containers".
@@ -204,7 +204,7 @@ def test_ports_are_published_on_this_host_only_unless_asked() -> None:
 
 def test_base_image_and_pip_index_are_build_arguments_the_dockerfile_declares() -> None:
     """Where quay.io is slow or blocked: a mirror of the base image and a pip index, from compose."""
-    from test_deploy_support import dockerfile_instructions
+    from support.deploy import dockerfile_instructions
 
     declared = {ins.args.partition("=")[0].strip() for ins in dockerfile_instructions(REPO / "Dockerfile")
                 if ins.name == "ARG"}

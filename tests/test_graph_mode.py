@@ -16,9 +16,9 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
 from minicpmv_ascend.settings import ConfigError, build_plan, check_with_vllm, resolve
 from minicpmv_ascend.tools import bench, lifecycle
+from support.server import REPO, clean_env
 
 PROFILE = bench.PROFILES["decode-graphs"]["env"]
 MODEL_ID = {"MODEL_PATH": "OpenBMB/MiniCPM-V-4.6-Thinking", "VLLM_USE_MODELSCOPE": "1"}

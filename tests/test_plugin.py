@@ -15,16 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from conftest import REPO, clean_env, http_get, start_server
-
-sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
-
 import reasoning_harness
+from support import http
+from support.server import REPO, clean_env, http_get, start_server
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
 # Decided at the model import too, and applied on vLLM 0.32 (its Idefics2 encoder still pads and masks).
@@ -175,13 +171,8 @@ ENGINE_DEATH_EXIT_BOUND_S = 120
 
 
 def post_json(base_url: str, path: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
-    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
+    status, answer = http.send(base_url + path, body, method="POST", timeout=timeout)
+    return status, json.loads(answer or b"{}")
 
 
 def test_one_token_conv_kernel_probe_and_fix():

@@ -14,7 +14,6 @@ import typing
 
 import pytest
 
-from helpers_launcher import SECRET, copy_checkpoint, edit_config
 from minicpmv_ascend import settings, tool_calls
 from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import (
@@ -28,6 +27,7 @@ from minicpmv_ascend.settings import (
     vllm_check,
 )
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, cpu_env_defaults
+from support.launcher import SECRET, copy_checkpoint, edit_config
 
 CPU = "cpu"
 
