@@ -41,7 +41,7 @@ def test_vllm_loaded_the_checkpoint_strictly(server):
     assert [m["id"] for m in json.loads(body)["data"]] == [server.model]
 
 
-def test_health_and_metrics(server):
+def test_health_answers_200_and_metrics_show_vllm_counters(server):
     assert http_get(f"{server.base_url}/health")[0] == 200
     status, body = http_get(f"{server.base_url}/metrics")
     assert status == 200 and b"vllm:" in body

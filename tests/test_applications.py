@@ -273,7 +273,7 @@ def test_every_feature_row_has_a_check_and_every_check_a_row():
 
 @pytest.mark.server
 @pytest.mark.parametrize("feature", features.FEATURES, ids=lambda f: f.key)
-def test_feature_row_holds(client, server, feature):
+def test_each_listed_feature_works_on_the_server(client, server, feature):
     CHECKS[feature.key](client, server)
 
 

@@ -45,7 +45,7 @@ def assert_healthy(base_url: str, model: str) -> None:
 
 @pytest.mark.server
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_request(server, case: Case):
+def test_bad_request_gets_its_status_and_message_and_the_server_stays_healthy(server, case: Case):
     status, body, seconds = send(server.base_url, case, server.model)
     print(f"\n{case.name}: HTTP {status} in {seconds:.2f} s: {body[:160]!r}")
     assert status == case.status, body[:500]

@@ -139,7 +139,7 @@ def test_decision_on_many_version_combinations() -> None:
     ("5.5.4", False, "0.23.0", "", "5.5.4", "fail", ["Pin: it has no MiniCPMV4_6Config"]),
     (None, None, "0.30.0", ">=5.10.4", "5.14.1", "install", ["no transformers is installed"]),
 ])
-def test_decision_messages(base, has_class, vllm, spec, pin, action, words) -> None:
+def test_transformers_decision_takes_the_action_and_says_why(base, has_class, vllm, spec, pin, action, words) -> None:
     decision = td.decide(base, has_class, vllm, spec, pin)
     assert decision.action == action
     for word in words:

@@ -121,7 +121,7 @@ def test_ascend_service_has_the_npu_devices_and_driver_mounts(card: str) -> None
         assert volumes.get(path) == f"{path}:{path}:ro", f"driver mount {path} missing or writable"
 
 
-def test_ascend_service_basics() -> None:
+def test_ascend_service_is_the_default_built_from_dockerfile_with_its_env_file() -> None:
     spec = compose()
     service = spec["services"]["minicpmv"]
     assert "profiles" not in service, "the Ascend service is the default one"
@@ -161,7 +161,7 @@ def test_one_variable_selects_the_target(tag: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["minicpmv", "minicpmv-cpu"])
-def test_compose_health_checks(name: str) -> None:
+def test_compose_health_check_runs_the_ready_probe_allowing_a_cold_start(name: str) -> None:
     from minicpmv_ascend import probes
 
     check = compose()["services"][name]["healthcheck"]
@@ -172,7 +172,7 @@ def test_compose_health_checks(name: str) -> None:
     assert check["retries"] >= 2
 
 
-def test_cpu_profile_service() -> None:
+def test_cpu_service_is_a_profile_built_from_dockerfile_cpu_with_its_env_file() -> None:
     service = compose()["services"]["minicpmv-cpu"]
     assert service["profiles"] == ["cpu"]
     assert service["build"]["dockerfile"] == "Dockerfile.cpu"

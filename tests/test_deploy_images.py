@@ -43,7 +43,7 @@ WRAPPER = REPO / "deploy" / "docker" / "with-cann-env.sh"
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
-def test_hadolint(name: str) -> None:
+def test_hadolint_finds_nothing_in_the_dockerfiles(name: str) -> None:
     """hadolint with its default rules, any finding fails (ignores are inline, each with a reason)."""
     result = run_tool(lint_tool("hadolint"), "--no-color", str(DOCKERFILES[name]))
     assert result.returncode == 0, result.stdout + result.stderr

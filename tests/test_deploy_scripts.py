@@ -147,7 +147,7 @@ def verify(*args: str) -> subprocess.CompletedProcess:
                           env=clean_env())
 
 
-def test_verify_complete_checkpoint(tiny_config) -> None:
+def test_verify_reports_a_complete_checkpoint_as_complete(tiny_config) -> None:
     result = verify(str(tiny_config), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -177,5 +177,5 @@ def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:
     assert result.returncode == 0 and "not a MiniCPM-V 4.6 checkpoint" in result.stderr
 
 
-def test_verify_usage_errors(tmp_path) -> None:
+def test_verify_of_a_missing_directory_exits_2(tmp_path) -> None:
     assert verify(str(tmp_path / "missing")).returncode == 2

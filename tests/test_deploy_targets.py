@@ -27,7 +27,7 @@ DOCS = REPO / "docs" / "deploy-ascend.md"
 REQUIRED = ("vllm", "transformers_pin", "test_lock")  # the keys the plugin's test environments read
 
 
-def test_table_shape() -> None:
+def test_targets_table_has_its_default_the_official_image_and_release_tags() -> None:
     assert TARGETS_TABLE["default"] in TARGETS_TABLE["targets"]
     assert TARGETS_TABLE["image"] == "quay.io/ascend/vllm-ascend"
     assert set(TARGETS_TABLE["variants"]) == set(TARGETS)

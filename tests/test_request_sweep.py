@@ -319,13 +319,13 @@ def run_sweep(srv: Any, kind: str, sweep: Sweep) -> None:
 
 @pytest.mark.server
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
-def test_sweep_default(sweep: Sweep, server):
+def test_sweep_is_answered_as_expected_on_the_default_server(sweep: Sweep, server):
     run_sweep(server, "default", sweep)
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
-def test_sweep_chunked(sweep: Sweep, other_server):
+def test_sweep_is_answered_as_expected_with_chunked_prefill_and_prefix_cache(sweep: Sweep, other_server):
     run_sweep(other_server, "chunked", sweep)
 
 
