@@ -35,7 +35,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 
 from minicpmv_ascend.common.http import Client
 from minicpmv_ascend.tools import features
-from support import http
+from support import raw_http
 from support.images import data_url, png_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -453,7 +453,7 @@ def forced_answer(server: Any, tools: list, choice: Any, seed: int, stream: bool
                        "max_tokens": 400, "temperature": 1.0, "seed": seed, "stream": stream, **OFF})
     if not guard:
         body = body.replace('"tools":', '"tool\\u0073":', 1)
-    status, answer = http.send(server.base_url + "/v1/chat/completions", body.encode(), timeout=300)
+    status, answer = raw_http.send(server.base_url + "/v1/chat/completions", body.encode(), timeout=300)
     assert status == 200, answer[:500]
     raw = answer.decode()
     if not stream:

@@ -15,24 +15,24 @@ import time
 
 import pytest
 
-from support import http
+from support import raw_http
 from support.bad_requests import CASES, TIMEOUT_S, Case, chat, image_parts
-from support.http import error_message
 from support.images import png_url
+from support.raw_http import error_message
 
 # ------------------------------------------------------------------ sending
 
 
 def send(base_url: str, case: Case, model: str) -> tuple[int, bytes, float]:
     start = time.monotonic()
-    status, body = http.send(base_url + case.path, case.body(model) if case.method == "POST" else None,
+    status, body = raw_http.send(base_url + case.path, case.body(model) if case.method == "POST" else None,
                              method=case.method, content_type=case.content_type, timeout=TIMEOUT_S)
     return status, body, time.monotonic() - start
 
 
 def assert_healthy(base_url: str, model: str) -> None:
     """/health 200, and a normal text and a normal image request are served."""
-    assert http.healthy(base_url)
+    assert raw_http.healthy(base_url)
     for content in ("What is 2+3?", image_parts(png_url(96, 64))):
         normal = Case("normal", "", lambda m, c=content: chat(m, c), 200, "")
         status, body, _ = send(base_url, normal, model)

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from support import http
+from support import raw_http
 from support.images import png_url
 from support.server import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
 
@@ -121,7 +121,7 @@ def post_chat(base_url: str, body: dict, timeout: float) -> dict:
     start = time.monotonic()
     outcome: dict = {}
     try:
-        status, raw = http.send(f"{base_url}/v1/chat/completions", body, method="POST", timeout=timeout)
+        status, raw = raw_http.send(f"{base_url}/v1/chat/completions", body, method="POST", timeout=timeout)
         if status < 400:
             answer = json.loads(raw)
             outcome = {"status": status,
@@ -145,7 +145,7 @@ def post_stream(base_url: str, body: dict, timeout: float) -> dict:
     """A streaming request; its status, number of events and its last two events."""
     start = time.monotonic()
     try:
-        status, raw = http.send(f"{base_url}/v1/chat/completions", {**body, "stream": True}, method="POST",
+        status, raw = raw_http.send(f"{base_url}/v1/chat/completions", {**body, "stream": True}, method="POST",
                                 timeout=timeout)
         if status < 400:
             events = [e for e in raw.decode(errors="replace").split("\n\n") if e.strip()]

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from support import http
+from support import raw_http
 from support.server import REPO, free_port, http_get, start_server
 
 NGINX_CONF = REPO / "deploy" / "compose" / "nginx-fleet.conf"
@@ -99,7 +99,7 @@ def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, 
         assert all(a > b for a, b in zip(after, before)), f"both servers answered: {before} -> {after}"
 
         # Streaming passes through unbuffered (server-sent events, then [DONE]).
-        status, answer = http.send(f"{lb}/v1/chat/completions", {
+        status, answer = raw_http.send(f"{lb}/v1/chat/completions", {
             "model": server.model, "stream": True, "max_tokens": 8,
             "messages": [{"role": "user", "content": "Hi"}]}, timeout=120)
         assert status == 200, answer[:500]

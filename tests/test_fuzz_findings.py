@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from support import http
+from support import raw_http
 from support.server import REPO, clean_env
 
 PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
@@ -204,10 +204,10 @@ def test_plugin_predicates_read_vllm_032():
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_the_fuzzers_request_is_answered_on_the_server(server, name):
     path, body, says = FINDINGS[name]
-    status, answer = http.send(server.base_url + path, {"model": server.model, **body}, timeout=60)
+    status, answer = raw_http.send(server.base_url + path, {"model": server.model, **body}, timeout=60)
     if says is None:
         assert status == 200 and json.loads(answer)["object"] == "response", answer[:500]
     else:
         assert status == 400, answer[:500]
         assert says in json.loads(answer)["error"]["message"], answer[:500]
-    assert http.healthy(server.base_url)
+    assert raw_http.healthy(server.base_url)

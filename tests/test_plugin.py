@@ -19,7 +19,7 @@ import time
 import pytest
 
 import reasoning_harness
-from support import http
+from support import raw_http
 from support.server import REPO, clean_env, http_get, start_server
 
 BACKPORTS = ("processor-version", "image-size-order", "vit-merger-flags", "max-slice-nums")
@@ -171,7 +171,7 @@ ENGINE_DEATH_EXIT_BOUND_S = 120
 
 
 def post_json(base_url: str, path: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
-    status, answer = http.send(base_url + path, body, method="POST", timeout=timeout)
+    status, answer = raw_http.send(base_url + path, body, method="POST", timeout=timeout)
     return status, json.loads(answer or b"{}")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from minicpmv_ascend import request_guard
-from support import http
+from support import raw_http
 
 LONE = "\ud800"  # json.dumps (ensure_ascii) sends it as the escape \ud800: valid JSON, not Unicode text
 VALID = ["中文", "😀", "é"]  # 😀 goes out as the escaped pair \ud83d\ude00
@@ -38,7 +38,7 @@ def cases(model: str, text: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def post(base_url: str, path: str, body: bytes) -> tuple[int, bytes]:
-    return http.send(base_url + path, body)
+    return raw_http.send(base_url + path, body)
 
 
 @pytest.mark.server

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from support import http
-from support.http import error_message
+from support import raw_http
 from support.images import png_url
+from support.raw_http import error_message
 from support.server import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY
 
 IMAGE_LIMIT = 5  # limit_mm_per_prompt image (the settings table's default)
@@ -243,11 +243,11 @@ SWEEPS = sweeps()
 
 
 def post(base_url: str, path: str, body: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
-    return http.send(base_url + path, body, key=key, timeout=TIMEOUT_S)
+    return raw_http.send(base_url + path, body, key=key, timeout=TIMEOUT_S)
 
 
 def alive(base_url: str) -> bool:
-    return http.healthy(base_url)
+    return raw_http.healthy(base_url)
 
 
 def from_stream(raw: bytes, sweep: Sweep, body: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from minicpmv_ascend import access, settings
-from support import http
+from support import raw_http
 from support.deploy import (
     JOB_TEMPLATES,
     OVERLAYS,
@@ -59,7 +59,7 @@ PROBE = REPO / "healthcheck" / "probe.py"
 
 def request(base_url: str, path: str, body: dict | None = None, key: str | None = None,
             timeout: float = 120) -> tuple[int, str]:
-    status, answer = http.send(base_url + path, body, key=key, timeout=timeout)
+    status, answer = raw_http.send(base_url + path, body, key=key, timeout=timeout)
     return status, answer.decode()
 
 

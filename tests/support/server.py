@@ -17,7 +17,7 @@ import pytest
 from minicpmv_ascend.tools import lifecycle
 from minicpmv_ascend.tools.lifecycle import free_port
 from support import REPO
-from support.http import send
+from support.raw_http import send
 
 __all__ = ["REPO", "free_port"]  # re-exported: the tests import them with the server helpers
 

@@ -1,5 +1,6 @@
 """The tests' raw HTTP request: any method, body bytes and content type, and every answer returned
-as (status, body), a 4xx/5xx included.
+as (status, body), a 4xx/5xx included. (Named raw_http, not http: the tests that use it also
+import the standard library's http.client and http.server.)
 
 Why not minicpmv_ascend.common.http.Client (which the tools, the probe and the server lifecycle
 use, and which the tests use wherever a 2xx JSON answer is the claim): it sends only JSON with its
