@@ -15,11 +15,9 @@ import subprocess
 import pytest
 
 from minicpmv_ascend.tools import lifecycle
-from minicpmv_ascend.tools.lifecycle import free_port
+from minicpmv_ascend.tools.lifecycle import free_port  # the tests import it from here too
 from support import REPO
 from support.raw_http import send
-
-__all__ = ["REPO", "free_port"]  # re-exported: the tests import them with the server helpers
 
 SERVED_MODEL_NAME = "minicpm-v-4.6-thinking"
 SERVER_READY_TIMEOUT_S = 240  # measured 25-60 s on a 2-core machine; generous for a loaded CI box
