@@ -46,7 +46,7 @@ STAMP := $(VENV)/.installed
 # rule that lists it as a prerequisite: make expands prerequisites where it reads the rule.
 PLUGIN_TARGETS := vllm030 vllm023
 
-.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench patch-table patch-check nginx fuzz-tools fuzz apps-tools
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench docs patch-table patch-check nginx fuzz-tools fuzz apps-tools
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -147,10 +147,15 @@ $(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP): .venv-%/.installed: requirements/%.lock p
 	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
 	@touch $@
 
+# Every generated table of the docs (the registry: src/minicpmv_ascend/tools/doc_tables.py; the
+# test that keeps each in sync: tests/test_doc_tables.py). The patch table needs the target venvs.
+docs: venv $(PLUGIN_TARGETS:%=venv-%)
+	$(VPY) -m minicpmv_ascend.tools.doc_tables --write --all
+
 # The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
-# docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py).
+# docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py), alone.
 patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
-	$(VPY) scripts/patch_table.py --write
+	$(VPY) -m minicpmv_ascend.tools.doc_tables --write patch-table
 
 # Every patch's decision on one vLLM release, failing if a predicate did not find the code it reads
 # ("layout not found"): the first step for a new vLLM release (plugin/README.md, "A new vLLM
@@ -231,7 +236,7 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 
 # The application frameworks (LangChain's ChatOpenAI, requirements/apps.txt) in their own venv, so
 # that .venv stays exactly requirements/cpu.lock; tests/test_applications.py runs them as clients of
-# the shared server (tests/framework_client.py). About 10 s cold with a warm pip cache.
+# the shared server (tests/support/framework_client.py). About 10 s cold with a warm pip cache.
 APPS_VENV := .venv-apps
 APPS_STAMP := $(APPS_VENV)/.installed
 apps-tools: $(APPS_STAMP)

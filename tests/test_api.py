@@ -5,25 +5,15 @@ The model has random weights, so the tests check shapes and behaviour, never the
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 
 import openai
 import pytest
-from PIL import Image
 
-from conftest import http_get
+from support.images import png_url
+from support.server import http_get
 
 pytestmark = pytest.mark.server
-
-
-def png_data_url(width: int, height: int, colour=(200, 30, 30)) -> str:
-    image = Image.new("RGB", (width, height), (255, 255, 255))
-    image.paste(colour, (width // 4, height // 4, 3 * width // 4, 3 * height // 4))
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def image_message(*urls: str, text: str = "Describe the image.") -> list[dict]:
@@ -51,7 +41,7 @@ def test_vllm_loaded_the_checkpoint_strictly(server):
     assert [m["id"] for m in json.loads(body)["data"]] == [server.model]
 
 
-def test_health_and_metrics(server):
+def test_health_answers_200_and_metrics_show_vllm_counters(server):
     assert http_get(f"{server.base_url}/health")[0] == 200
     status, body = http_get(f"{server.base_url}/metrics")
     assert status == 200 and b"vllm:" in body
@@ -87,14 +77,14 @@ def test_image_chat_adds_image_tokens(client, server, size):
     """1084x820 is a size where vLLM 0.23 miscounts placeholders (docs/design/ascend-stack.md,
     known problem 3); 0.32 must not."""
     text_only = chat(client, server, [{"role": "user", "content": "Describe the image."}])
-    with_image = chat(client, server, image_message(png_data_url(*size)))
+    with_image = chat(client, server, image_message(png_url(*size)))
     assert with_image.choices[0].finish_reason in ("stop", "length")
     assert with_image.usage.prompt_tokens > text_only.usage.prompt_tokens + 16
 
 
 def test_two_images_cost_more_than_one(client, server):
-    one = chat(client, server, image_message(png_data_url(448, 448)))
-    two = chat(client, server, image_message(png_data_url(448, 448), png_data_url(448, 448, (30, 30, 200))))
+    one = chat(client, server, image_message(png_url(448, 448)))
+    two = chat(client, server, image_message(png_url(448, 448), png_url(448, 448, (30, 30, 200))))
     assert two.usage.prompt_tokens > one.usage.prompt_tokens
 
 

@@ -11,7 +11,7 @@ default settings but for image URLs: `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`).
   which backend compiled it.
 - Forced calls within their tool's whole schema (issue 20): 56 answers of the random model through
   the guard and past it; the frameworks applications use (the openai client's `parse`, LangChain's
-  `ChatOpenAI` from .venv-apps as a client process: tests/framework_client.py).
+  `ChatOpenAI` from .venv-apps as a client process: tests/support/framework_client.py).
 
 Random weights: answers are noise. Tests check types, shapes, and what the constraints guarantee.
 """
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import base64
 import http.server
-import io
 import json
 import pathlib
 import re
 import subprocess
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -34,9 +32,11 @@ import openai
 import pydantic
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageToolCall
-from PIL import Image
 
+from minicpmv_ascend.common.http import Client
 from minicpmv_ascend.tools import features
+from support import raw_http
+from support.images import data_url, png_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WEATHER = {"type": "function", "function": {
@@ -73,12 +73,6 @@ def chat(client: openai.OpenAI, server: Any, messages: list, **kwargs: Any) -> C
 
 def reasoning_of(message: Any) -> str | None:
     return getattr(message, "reasoning", None) or getattr(message, "reasoning_content", None)
-
-
-def png_data_url(width: int = 96, height: int = 64) -> str:
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 40, 40)).save(out, "PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 def assert_runnable(call: ChatCompletionMessageToolCall) -> dict[str, Any]:
@@ -189,7 +183,7 @@ def check_structured(client, server):
 def check_image_data(client, server):
     text = chat(client, server, WEATHER_Q)
     image = chat(client, server, [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": png_data_url()}}, {"type": "text", "text": "What is this?"}]}])
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes(96, 64, (200, 40, 40)))}}, {"type": "text", "text": "What is this?"}]}])
     assert image.usage.prompt_tokens > text.usage.prompt_tokens + 16
 
 
@@ -257,9 +251,9 @@ APPS_PYTHON = REPO / ".venv-apps" / "bin" / "python"
 
 def check_langchain(client, server):
     """LangChain's ChatOpenAI in its own venv (requirements/apps.txt), as a client process of the
-    server: tests/framework_client.py validates every answer with the application's pydantic models."""
+    server: tests/support/framework_client.py validates every answer with the application's pydantic models."""
     assert APPS_PYTHON.exists(), f"{APPS_PYTHON} is missing: build it with `make apps-tools`"
-    done = subprocess.run([str(APPS_PYTHON), str(REPO / "tests" / "framework_client.py"), f"{server.base_url}/v1",
+    done = subprocess.run([str(APPS_PYTHON), str(REPO / "tests" / "support" / "framework_client.py"), f"{server.base_url}/v1",
                            server.model], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -279,7 +273,7 @@ def test_every_feature_row_has_a_check_and_every_check_a_row():
 
 @pytest.mark.server
 @pytest.mark.parametrize("feature", features.FEATURES, ids=lambda f: f.key)
-def test_feature_row_holds(client, server, feature):
+def test_each_listed_feature_works_on_the_server(client, server, feature):
     CHECKS[feature.key](client, server)
 
 
@@ -287,9 +281,7 @@ class ImageHost:
     """A loopback HTTP server with one PNG; records the paths requested."""
 
     def __init__(self) -> None:
-        out = io.BytesIO()
-        Image.new("RGB", (64, 48), (200, 40, 40)).save(out, "PNG")
-        self.png, self.requests = out.getvalue(), []
+        self.png, self.requests = png_bytes(64, 48, (200, 40, 40)), []
         host = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -322,10 +314,7 @@ class ImageHost:
 
 
 def post(server: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(server.base_url + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
+    return Client(server.base_url, 60).post_json(path, body)
 
 
 def streamed_calls(stream: Iterator[ChatCompletionChunk]) -> tuple[dict[int, dict[str, str]], str | None, str, str]:
@@ -464,10 +453,9 @@ def forced_answer(server: Any, tools: list, choice: Any, seed: int, stream: bool
                        "max_tokens": 400, "temperature": 1.0, "seed": seed, "stream": stream, **OFF})
     if not guard:
         body = body.replace('"tools":', '"tool\\u0073":', 1)
-    request = urllib.request.Request(server.base_url + "/v1/chat/completions", body.encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        raw = response.read().decode()
+    status, answer = raw_http.send(server.base_url + "/v1/chat/completions", body.encode(), timeout=300)
+    assert status == 200, answer[:500]
+    raw = answer.decode()
     if not stream:
         choice_ = json.loads(raw)["choices"][0]
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice_["message"].get("tool_calls") or []]

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
 PACKAGE, PLUGIN = "minicpmv_ascend", "minicpmv_ascend_plugin"
 # What vLLM loads into its API server: the access control, request guard and tool-call middleware, and

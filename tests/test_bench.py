@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env
+from support.server import REPO, clean_env
 
 BENCH = [sys.executable, "-m", "minicpmv_ascend.tools.bench"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
-import sys
 
 import pytest
 import torch
@@ -149,7 +148,6 @@ def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tin
     """Tools in the system turn, an assistant call exactly as vLLM's qwen3_coder parser reads it
     (the format tests/test_tool_parsing.py feeds the parser), results as <tool_response> in a user
     turn, the thinking of the current tool loop kept, older thinking dropped."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "plugin" / "tests"))
     import tool_parsing_harness as harness
 
     tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer

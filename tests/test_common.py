@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import REPO, clean_env, free_port
 from minicpmv_ascend.common import api_key
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.http import Client, RequestFailed
+from support.server import REPO, clean_env, free_port
 
 # --------------------------------------------------------------------------------------------
 # The API key: one reader, one behaviour

@@ -23,7 +23,6 @@ import json
 import pathlib
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import packaging
@@ -32,8 +31,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version as PackagingVersion
 
-from conftest import REPO, clean_env
-from test_deploy_support import (
+import transformers_decision as td
+from support.deploy import (
     APP_DIR,
     K8S,
     copy_map,
@@ -48,9 +47,7 @@ from test_deploy_support import (
     shell_commands,
     stage_args,
 )
-
-sys.path.insert(0, str(REPO / "scripts"))
-import transformers_decision as td
+from support.server import REPO, clean_env
 
 DOCKERFILE = REPO / "Dockerfile"
 DECISION = REPO / "scripts" / "transformers_decision.py"
@@ -128,7 +125,7 @@ def test_decision_on_many_version_combinations() -> None:
     ("5.5.4", False, "0.23.0", "", "5.5.4", "fail", ["Pin: it has no MiniCPMV4_6Config"]),
     (None, None, "0.30.0", ">=5.10.4", "5.14.1", "install", ["no transformers is installed"]),
 ])
-def test_decision_messages(base, has_class, vllm, spec, pin, action, words) -> None:
+def test_transformers_decision_takes_the_action_and_says_why(base, has_class, vllm, spec, pin, action, words) -> None:
     decision = td.decide(base, has_class, vllm, spec, pin)
     assert decision.action == action
     for word in words:

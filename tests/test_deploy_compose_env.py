@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO
 from minicpmv_ascend import settings
-from test_deploy_support import (
+from support.deploy import (
     ASCEND_ENV,
     CPU_ENV,
     ENV_DIR,
@@ -33,6 +32,7 @@ from test_deploy_support import (
     restated_defaults,
     run_tool,
 )
+from support.server import REPO
 
 COMPOSE = REPO / "compose.yaml"
 # What `docker run` needs for one Ascend card: docs/design/ascend-stack.md, "Running Ascend containers".
@@ -121,7 +121,7 @@ def test_ascend_service_has_the_npu_devices_and_driver_mounts(card: str) -> None
         assert volumes.get(path) == f"{path}:{path}:ro", f"driver mount {path} missing or writable"
 
 
-def test_ascend_service_basics() -> None:
+def test_ascend_service_is_the_default_built_from_dockerfile_with_its_env_file() -> None:
     spec = compose()
     service = spec["services"]["minicpmv"]
     assert "profiles" not in service, "the Ascend service is the default one"
@@ -161,7 +161,7 @@ def test_one_variable_selects_the_target(tag: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["minicpmv", "minicpmv-cpu"])
-def test_compose_health_checks(name: str) -> None:
+def test_compose_health_check_runs_the_ready_probe_allowing_a_cold_start(name: str) -> None:
     from minicpmv_ascend import probes
 
     check = compose()["services"][name]["healthcheck"]
@@ -172,7 +172,7 @@ def test_compose_health_checks(name: str) -> None:
     assert check["retries"] >= 2
 
 
-def test_cpu_profile_service() -> None:
+def test_cpu_service_is_a_profile_built_from_dockerfile_cpu_with_its_env_file() -> None:
     service = compose()["services"]["minicpmv-cpu"]
     assert service["profiles"] == ["cpu"]
     assert service["build"]["dockerfile"] == "Dockerfile.cpu"
@@ -204,7 +204,7 @@ def test_ports_are_published_on_this_host_only_unless_asked() -> None:
 
 def test_base_image_and_pip_index_are_build_arguments_the_dockerfile_declares() -> None:
     """Where quay.io is slow or blocked: a mirror of the base image and a pip index, from compose."""
-    from test_deploy_support import dockerfile_instructions
+    from support.deploy import dockerfile_instructions
 
     declared = {ins.args.partition("=")[0].strip() for ins in dockerfile_instructions(REPO / "Dockerfile")
                 if ins.name == "ARG"}

@@ -21,8 +21,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, SHARED_SERVER_ENV, clean_env
-from test_deploy_support import (
+from support.deploy import (
     APP_DIR,
     K8S,
     RUNTIME_ENV_ALLOWLIST,
@@ -38,6 +37,7 @@ from test_deploy_support import (
     server_container,
     to_host,
 )
+from support.server import REPO, SHARED_SERVER_ENV, clean_env
 
 pytestmark = pytest.mark.server
 

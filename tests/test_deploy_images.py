@@ -16,11 +16,12 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, clean_env
-from test_deploy_support import (
+from support.deploy import (
     APP_DIR,
     ASCEND_ENV,
+    DOCKERFILES,
     TARGETS_TABLE,
+    build_args,
     copy_map,
     dockerfile_instructions,
     env_mapping,
@@ -36,23 +37,13 @@ from test_deploy_support import (
     stage_args,
     to_host,
 )
+from support.server import REPO, clean_env
 
-DOCKERFILES = {"ascend": REPO / "Dockerfile", "cpu": REPO / "Dockerfile.cpu"}
 WRAPPER = REPO / "deploy" / "docker" / "with-cann-env.sh"
 
 
-def build_args(instructions) -> dict[str, str]:
-    """ARG defaults (a later `ARG NAME` without a value only re-imports the name into a stage)."""
-    defaults: dict[str, str] = {}
-    for ins in instructions:
-        if ins.name == "ARG" and "=" in ins.args:
-            name, value = ins.args.split("=", 1)
-            defaults.setdefault(name, value.strip('"'))
-    return defaults
-
-
 @pytest.mark.parametrize("name", DOCKERFILES)
-def test_hadolint(name: str) -> None:
+def test_hadolint_finds_nothing_in_the_dockerfiles(name: str) -> None:
     """hadolint with its default rules, any finding fails (ignores are inline, each with a reason)."""
     result = run_tool(lint_tool("hadolint"), "--no-color", str(DOCKERFILES[name]))
     assert result.returncode == 0, result.stdout + result.stderr

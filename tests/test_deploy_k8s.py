@@ -12,9 +12,8 @@ import pathlib
 import pytest
 import yaml
 
-from conftest import REPO
 from minicpmv_ascend import settings
-from test_deploy_support import (
+from support.deploy import (
     APP_DIR,
     ASCEND_ENV,
     JOB_TEMPLATES,
@@ -38,6 +37,7 @@ from test_deploy_support import (
     run_tool,
     server_container,
 )
+from support.server import REPO
 
 # Oldest and newest Kubernetes versions whose schemas kubernetes-validate 1.37 ships (1.25 is
 # out of support everywhere; 1.27 is still found on managed clusters such as CCE).
@@ -422,7 +422,7 @@ def test_servicemonitor_scrapes_a_path_the_api_key_leaves_open(rendered) -> None
 def test_autoscaling_metric_names_are_what_vllm_serves(server) -> None:
     """The adapter's series exist on a running server's /metrics (no key needed), with the labels
     the rules rely on, and each is one gauge per engine."""
-    from conftest import http_get
+    from support.server import http_get
 
     status, body = http_get(f"{server.base_url}/metrics")
     assert status == 200

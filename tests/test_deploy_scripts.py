@@ -10,16 +10,12 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
-from test_deploy_support import K8S, lint_tool, run_tool
-
-DOWNLOAD = REPO / "scripts" / "download_weights.sh"
-VERIFY = REPO / "scripts" / "verify_model_dir.py"
+from support.deploy import DOWNLOAD, FAKE_MODELSCOPE, K8S, VERIFY, lint_tool, run_tool
+from support.server import REPO, clean_env
 
 
 def shell_scripts() -> list[pathlib.Path]:
@@ -67,23 +63,6 @@ def test_shellcheck_catches_a_mistake(tmp_path: pathlib.Path) -> None:
 # scripts/download_weights.sh with a stand-in `modelscope`
 # --------------------------------------------------------------------------------------------
 
-FAKE_MODELSCOPE = textwrap.dedent("""\
-    #!{python}
-    # Stand-in for `modelscope download --model ID [--revision R] --local_dir DIR`: records its
-    # arguments, prints progress the way the real CLI does (stderr), copies a checkpoint into new
-    # files (created under the caller's umask, as the real CLI's are).
-    import json, os, shutil, sys
-    args = sys.argv[1:]
-    open(os.environ["FAKE_MODELSCOPE_LOG"], "w").write(json.dumps(args))
-    dest = args[args.index("--local_dir") + 1]
-    source = os.environ["FAKE_MODELSCOPE_SOURCE"]
-    for name in sorted(os.listdir(source)):
-        print(f"Downloading [{{name}}]: 100%|##########| 1.00/1.00", file=sys.stderr)
-        shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
-    if os.environ.get("FAKE_MODELSCOPE_TRUNCATE"):
-        path = os.path.join(dest, "model.safetensors")
-        os.truncate(path, os.path.getsize(path) // 2)
-""")
 
 
 @pytest.fixture
@@ -168,7 +147,7 @@ def verify(*args: str) -> subprocess.CompletedProcess:
                           env=clean_env())
 
 
-def test_verify_complete_checkpoint(tiny_config) -> None:
+def test_verify_reports_a_complete_checkpoint_as_complete(tiny_config) -> None:
     result = verify(str(tiny_config), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -198,5 +177,5 @@ def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:
     assert result.returncode == 0 and "not a MiniCPM-V 4.6 checkpoint" in result.stderr
 
 
-def test_verify_usage_errors(tmp_path) -> None:
+def test_verify_of_a_missing_directory_exits_2(tmp_path) -> None:
     assert verify(str(tmp_path / "missing")).returncode == 2

@@ -18,16 +18,16 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
-from minicpmv_ascend.tools import targets
-from test_deploy_support import ASCEND_ENV, TARGETS, TARGETS_TABLE
+from minicpmv_ascend.tools import doc_tables, targets
+from support.deploy import ASCEND_ENV, TARGETS, TARGETS_TABLE
+from support.server import REPO, clean_env
 
 TABLE_FILE = REPO / "deploy" / "ascend-targets.yaml"
 DOCS = REPO / "docs" / "deploy-ascend.md"
 REQUIRED = ("vllm", "transformers_pin", "test_lock")  # the keys the plugin's test environments read
 
 
-def test_table_shape() -> None:
+def test_targets_table_has_its_default_the_official_image_and_release_tags() -> None:
     assert TARGETS_TABLE["default"] in TARGETS_TABLE["targets"]
     assert TARGETS_TABLE["image"] == "quay.io/ascend/vllm-ascend"
     assert set(TARGETS_TABLE["variants"]) == set(TARGETS)
@@ -63,12 +63,12 @@ def test_values_are_strings_as_written() -> None:
             assert target[fact] is None or isinstance(target[fact], str), (tag, fact, target[fact])
 
 
-def test_docs_targets_section_is_generated_from_the_table() -> None:
-    text = DOCS.read_text()
-    start = text.index("<!-- targets-table:start")
-    body = text[text.index("\n", start) + 1:text.index("<!-- targets-table:end")]
-    assert body == targets.markdown(targets.load(TABLE_FILE)), \
-        "regenerate: python -m minicpmv_ascend.tools.targets --markdown (between the targets-table markers)"
+def test_targets_markdown_names_every_image_and_the_default_as_the_command_prints_it() -> None:
+    """The Targets section of docs/deploy-ascend.md (tests/test_doc_tables.py keeps the doc equal to
+    the registry's generator): made from the repo's table, every image and the default named, and
+    `python -m minicpmv_ascend.tools.targets --markdown` prints the same."""
+    body = targets.markdown(targets.load(TABLE_FILE))
+    assert doc_tables.by_name("targets-table").generate() == body
     out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.tools.targets", "--markdown"], capture_output=True,
                          text=True, check=True, env=clean_env()).stdout
     assert out == body

@@ -19,9 +19,9 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, clean_env
 from minicpmv_ascend import settings
 from minicpmv_ascend.settings import ConfigError
+from support.server import REPO, clean_env
 
 NOBODY = 65534
 DRIVER_GID = 4242  # the host's HwHiAiUser in this test: a group nobody is not in

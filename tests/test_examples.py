@@ -80,14 +80,14 @@ def test_curl_text_thinking_on(server: Any) -> None:
 
 
 @pytest.mark.server
-def test_curl_thinking_off(server: Any) -> None:
+def test_curl_thinking_off_answers_without_reasoning(server: Any) -> None:
     message = message_of(curl_json("thinking_off.sh", server))
     assert reasoning(message) is None or reasoning(message) == ""
     assert message["content"]
 
 
 @pytest.mark.server
-def test_curl_image_base64(server: Any) -> None:
+def test_curl_base64_image_adds_image_tokens_and_answers_without_thinking(server: Any) -> None:
     image = curl_json("image_base64.sh", server)
     text = curl_json("text.sh", server, "What colour is the square?")
     assert image["usage"]["prompt_tokens"] > text["usage"]["prompt_tokens"] + 20
@@ -97,7 +97,7 @@ def test_curl_image_base64(server: Any) -> None:
 
 
 @pytest.mark.server
-def test_curl_image_url(server: Any, image_host: str) -> None:
+def test_curl_image_url_costs_the_same_prompt_as_the_inline_image(server: Any, image_host: str) -> None:
     response = curl_json("image_url.sh", server, IMAGE_URL=f"{image_host}/red_square.png")
     inline = curl_json("image_base64.sh", server, "What is in the picture?")
     # Same picture, same question: the same prompt, whichever way the image travelled.
@@ -105,7 +105,7 @@ def test_curl_image_url(server: Any, image_host: str) -> None:
 
 
 @pytest.mark.server
-def test_curl_stream(server: Any) -> None:
+def test_curl_stream_sends_reasoning_chunks_usage_and_done(server: Any) -> None:
     result = run_example(["bash", str(CURL / "stream.sh")], server)
     assert result.returncode == 0, result.stderr
     events = [line.removeprefix("data: ") for line in result.stdout.splitlines()
@@ -125,7 +125,7 @@ STRUCTURED = {"MAX_TOKENS": "160", "THINKING": "false"}
 
 
 @pytest.mark.server
-def test_curl_tools(server: Any) -> None:
+def test_curl_tools_required_calls_get_weather_and_none_calls_nothing(server: Any) -> None:
     response = curl_json("tools.sh", server, TOOL_CHOICE="required", **STRUCTURED)
     call = message_of(response)["tool_calls"][0]
     assert call["function"]["name"] == "get_weather"
@@ -135,7 +135,7 @@ def test_curl_tools(server: Any) -> None:
 
 
 @pytest.mark.server
-def test_curl_json_schema(server: Any) -> None:
+def test_curl_json_schema_answer_fits_the_schema(server: Any) -> None:
     response = curl_json("json_schema.sh", server, **STRUCTURED)
     verdict = json.loads(message_of(response)["content"])
     assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
@@ -201,14 +201,14 @@ def test_python_text_thinking_on(server: Any, openai_client: None) -> None:
 
 
 @pytest.mark.server
-def test_python_thinking_off(server: Any, openai_client: None) -> None:
+def test_python_thinking_off_answers_without_reasoning(server: Any, openai_client: None) -> None:
     output = run_python("thinking_off.py", server)
     assert field(output, "reasoning") == "None"
     assert field(output, "answer") not in ("", "None")
 
 
 @pytest.mark.server
-def test_python_image_base64(server: Any, openai_client: None) -> None:
+def test_python_base64_image_adds_image_tokens_and_reasoning(server: Any, openai_client: None) -> None:
     output = run_python("image_base64.py", server)
     text = run_python("text.py", server, "What colour is the square?")
     assert field(output, "reasoning") not in ("", "None")
@@ -220,7 +220,7 @@ def test_python_image_base64(server: Any, openai_client: None) -> None:
 
 
 @pytest.mark.server
-def test_python_image_url(server: Any, image_host: str, openai_client: None) -> None:
+def test_python_image_url_costs_the_same_prompt_as_the_inline_image(server: Any, image_host: str, openai_client: None) -> None:
     by_url = run_python("image_url.py", server, IMAGE_URL=f"{image_host}/blue_circle.png")
     inline = run_python("image_base64.py", server, str(IMAGES / "blue_circle.png"),
                         "What is in the picture?")
@@ -228,7 +228,7 @@ def test_python_image_url(server: Any, image_host: str, openai_client: None) -> 
 
 
 @pytest.mark.server
-def test_python_stream(server: Any, openai_client: None) -> None:
+def test_python_stream_prints_reasoning_and_several_chunks(server: Any, openai_client: None) -> None:
     output = run_python("stream.py", server)
     assert "[reasoning]" in output
     chunks = int(field(output.splitlines()[-1], "[done] chunks").split(" |")[0])
@@ -236,7 +236,7 @@ def test_python_stream(server: Any, openai_client: None) -> None:
 
 
 @pytest.mark.server
-def test_python_multi_image(server: Any, openai_client: None) -> None:
+def test_python_two_images_cost_more_than_one(server: Any, openai_client: None) -> None:
     both = run_python("multi_image.py", server)
     one = run_python("multi_image.py", server, str(IMAGES / "red_square.png"))
     assert field(both, "images") == "2" and field(one, "images") == "1"
@@ -252,7 +252,7 @@ def test_python_tools_agent_loop(server: Any, openai_client: None) -> None:
 
 
 @pytest.mark.server
-def test_python_json_schema(server: Any, openai_client: None) -> None:
+def test_python_json_schema_answer_fits_the_schema(server: Any, openai_client: None) -> None:
     verdict = json.loads(field(run_python("json_schema.py", server, **STRUCTURED), "json"))
     assert verdict["answer"] in ("yes", "no", "unsure") and 0 <= verdict["confidence"] <= 10
 

@@ -7,10 +7,8 @@ this machine is shared. Every wait is bounded.
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 import http.client
-import io
 import json
 import os
 import pathlib
@@ -21,13 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-from PIL import Image
 
-from conftest import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
+from support import raw_http
+from support.images import png_url
+from support.server import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
 
 PROBE = REPO / "healthcheck" / "probe.py"
 BURST = 64  # concurrent requests per burst
@@ -105,14 +102,6 @@ def server_rss(api_pid: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in rss.items()}
 
 
-def png_data_url(width: int, height: int) -> str:
-    image = Image.new("RGB", (width, height), (255, 255, 255))
-    image.paste((200, 30, 30), (width // 4, height // 4, 3 * width // 4, 3 * height // 4))
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 IMAGE_SIZES = ((448, 448), (1084, 820), (64, 512), (96, 64))
 
 
@@ -120,7 +109,7 @@ def chat_body(model: str, index: int, max_tokens: int = 32, **extra) -> dict:
     """Request `index` of a burst: even ones text, odd ones an image of one of four sizes."""
     content: str | list = f"Request {index}: tell me about the number {index}."
     if index % 2:
-        url = png_data_url(*IMAGE_SIZES[(index // 2) % len(IMAGE_SIZES)])
+        url = png_url(*IMAGE_SIZES[(index // 2) % len(IMAGE_SIZES)])
         content = [{"type": "image_url", "image_url": {"url": url}},
                    {"type": "text", "text": "Describe the image."}]
     return {"model": model, "messages": [{"role": "user", "content": content}],
@@ -129,24 +118,22 @@ def chat_body(model: str, index: int, max_tokens: int = 32, **extra) -> dict:
 
 def post_chat(base_url: str, body: dict, timeout: float) -> dict:
     """One request; the outcome as data: status, finish_reason/tokens or the error, seconds."""
-    request = urllib.request.Request(f"{base_url}/v1/chat/completions", method="POST",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
     start = time.monotonic()
     outcome: dict = {}
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.loads(response.read())
-            outcome = {"status": response.status,
+        status, raw = raw_http.send(f"{base_url}/v1/chat/completions", body, method="POST", timeout=timeout)
+        if status < 400:
+            answer = json.loads(raw)
+            outcome = {"status": status,
                        "finish_reason": answer["choices"][0]["finish_reason"],
                        "completion_tokens": answer["usage"]["completion_tokens"]}
-    except urllib.error.HTTPError as error:
-        body_text = error.read().decode(errors="replace")
-        try:
-            message = json.loads(body_text)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = None  # not vLLM's JSON error shape
-        outcome = {"status": error.code, "error": message, "body": body_text[:300]}
+        else:
+            body_text = raw.decode(errors="replace")
+            try:
+                message = json.loads(body_text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = None  # not vLLM's JSON error shape
+            outcome = {"status": status, "error": message, "body": body_text[:300]}
     except (OSError, ValueError) as error:  # timeout, refused, reset, truncated body
         outcome = {"status": None, "exception": f"{type(error).__name__}: {error}"}
     outcome["seconds"] = round(time.monotonic() - start, 2)
@@ -156,16 +143,15 @@ def post_chat(base_url: str, body: dict, timeout: float) -> dict:
 
 def post_stream(base_url: str, body: dict, timeout: float) -> dict:
     """A streaming request; its status, number of events and its last two events."""
-    request = urllib.request.Request(f"{base_url}/v1/chat/completions", method="POST",
-                                     data=json.dumps({**body, "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            events = [e for e in response.read().decode(errors="replace").split("\n\n") if e.strip()]
-            outcome: dict = {"status": response.status, "events": len(events), "last": events[-2:]}
-    except urllib.error.HTTPError as error:
-        outcome = {"status": error.code, "body": error.read().decode(errors="replace")[:300]}
+        status, raw = raw_http.send(f"{base_url}/v1/chat/completions", {**body, "stream": True}, method="POST",
+                                timeout=timeout)
+        if status < 400:
+            events = [e for e in raw.decode(errors="replace").split("\n\n") if e.strip()]
+            outcome: dict = {"status": status, "events": len(events), "last": events[-2:]}
+        else:
+            outcome = {"status": status, "body": raw.decode(errors="replace")[:300]}
     except (OSError, ValueError, http.client.HTTPException) as error:  # e.g. a stream cut off
         outcome = {"status": None, "exception": f"{type(error).__name__}: {error}"}
     outcome["seconds"] = round(time.monotonic() - start, 2)

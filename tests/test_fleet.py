@@ -12,7 +12,6 @@ Both start their own servers (marked `engine`); nginx comes from Debian's packag
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
@@ -21,11 +20,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
-from conftest import REPO, free_port, http_get, start_server
+from support import raw_http
+from support.server import REPO, free_port, http_get, start_server
 
 NGINX_CONF = REPO / "deploy" / "compose" / "nginx-fleet.conf"
 PROBE = REPO / "healthcheck" / "probe.py"
@@ -100,11 +99,11 @@ def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, 
         assert all(a > b for a, b in zip(after, before)), f"both servers answered: {before} -> {after}"
 
         # Streaming passes through unbuffered (server-sent events, then [DONE]).
-        request = urllib.request.Request(f"{lb}/v1/chat/completions", method="POST", data=json.dumps({
+        status, answer = raw_http.send(f"{lb}/v1/chat/completions", {
             "model": server.model, "stream": True, "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Hi"}]}).encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=120) as response:
-            events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
+            "messages": [{"role": "user", "content": "Hi"}]}, timeout=120)
+        assert status == 200, answer[:500]
+        events = [line for line in answer.decode().splitlines() if line.startswith("data: ")]
         assert len(events) > 2 and events[-1] == "data: [DONE]"
 
         # One server gone (a card's fault): the balancer skips it; every request still succeeds.

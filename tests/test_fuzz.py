@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from conftest import REPO
 from minicpmv_ascend.tools import fuzz
+from support.server import REPO
 
 SLICE_BUDGET_S = 600  # measured 2-4 min on the shared 2-core machine (docs/reliability.md)
 

@@ -12,12 +12,11 @@ import json
 import subprocess
 import sys
 import textwrap
-import urllib.error
-import urllib.request
 
 import pytest
 
-from conftest import REPO, clean_env
+from support import raw_http
+from support.server import REPO, clean_env
 
 PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
 
@@ -205,17 +204,10 @@ def test_plugin_predicates_read_vllm_032():
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_the_fuzzers_request_is_answered_on_the_server(server, name):
     path, body, says = FINDINGS[name]
-    request = urllib.request.Request(server.base_url + path, data=json.dumps({"model": server.model, **body}).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            status, answer = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, answer = error.code, error.read()
+    status, answer = raw_http.send(server.base_url + path, {"model": server.model, **body}, timeout=60)
     if says is None:
         assert status == 200 and json.loads(answer)["object"] == "response", answer[:500]
     else:
         assert status == 400, answer[:500]
         assert says in json.loads(answer)["error"]["message"], answer[:500]
-    with urllib.request.urlopen(server.base_url + "/health", timeout=10) as response:
-        assert response.status == 200
+    assert raw_http.healthy(server.base_url)

@@ -16,9 +16,9 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
 from minicpmv_ascend.settings import ConfigError, build_plan, check_with_vllm, resolve
 from minicpmv_ascend.tools import bench, lifecycle
+from support.server import REPO, clean_env
 
 PROFILE = bench.PROFILES["decode-graphs"]["env"]
 MODEL_ID = {"MODEL_PATH": "OpenBMB/MiniCPM-V-4.6-Thinking", "VLLM_USE_MODELSCOPE": "1"}
@@ -76,7 +76,7 @@ def test_vllm_judges_the_config_and_the_setting_is_named(config, words) -> None:
     assert not launcher.only_vllm_can_judge(plan().resolution)
 
 
-def test_command_line_spellings() -> None:
+def test_cc_and_compilation_config_are_one_setting_dotted_spellings_refused() -> None:
     """-cc and --compilation-config are the setting (so it is listed and checked once); a dotted
     spelling would change it behind the launcher's back and is refused."""
     p = plan(["--no-enforce-eager", "-cc", '{"cudagraph_mode":"FULL_DECODE_ONLY"}'])

@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from conftest import REPO, clean_env
-from test_deploy_scripts import DOWNLOAD, FAKE_MODELSCOPE, VERIFY
+from support.deploy import DOWNLOAD, FAKE_MODELSCOPE, VERIFY
+from support.server import REPO, clean_env
 
 PROBE = REPO / "healthcheck" / "probe.py"
 
@@ -78,7 +78,7 @@ def test_probe_on_python37_reports_an_unhealthy_server_with_exit_1(py37, server)
 
 
 def test_probe_on_python37_connection_refused_and_usage(py37) -> None:
-    from conftest import free_port
+    from support.server import free_port
 
     refused = run(py37, str(PROBE), "live", "--url", f"http://127.0.0.1:{free_port()}/v1/")
     assert refused.returncode == 1 and "connection refused" in refused.stderr

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from helpers_launcher import SECRET, launcher_env, run_entrypoint
 from minicpmv_ascend import settings
 from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import SETTINGS
+from support.launcher import SECRET, launcher_env, run_entrypoint
 
 VLLM_PARSER_FAIL_S = 90  # hang guard for errors found by vLLM's parser (imports vLLM: ~8-15 s)
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import start_server
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
+from support.server import start_server
 
 
 def cmdline(pid: int) -> list[str]:

@@ -17,9 +17,8 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO
-from test_deploy_images import DOCKERFILES, build_args
-from test_deploy_support import dockerfile_instructions
+from support.deploy import DOCKERFILES, build_args, dockerfile_instructions
+from support.server import REPO
 
 MAKE = shutil.which("make") or "/usr/bin/make"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

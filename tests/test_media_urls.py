@@ -13,7 +13,7 @@ import time
 import pytest
 
 from minicpmv_ascend import media_urls
-from slow_hosts import SLOW_PATHS, SlowHost
+from support.slow_hosts import SLOW_PATHS, SlowHost
 
 # Addresses huggingface.co (the image host of the first seed document's example request:
 # docs/design/seed-documents.md) and its CDN resolved to: public.

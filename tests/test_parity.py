@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from conftest import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
 from minicpmv_ascend.tools import parity_prompts
+from support.server import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
 
 PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
 # Prompts the shared server accepts (it is started without --trust-request-mm-kwargs, so it refuses

@@ -15,18 +15,14 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 
 import pytest
-
-from conftest import REPO, clean_env, http_get, start_server
-
-sys.path.append(str(REPO / "plugin" / "tests"))  # reasoning_harness, shared with plugin/tests
 
 import reasoning_harness
 from minicpmv_ascend_plugin import PATCHES
 from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
+from support import raw_http
+from support.server import REPO, clean_env, http_get, start_server
 
 # What vLLM 0.32 (this CPU stack) does not need, the one hand-kept claim here (as plugin/tests/
 # _target.py NEEDED is per target): the model backports of fixes it has, and the register-time
@@ -183,13 +179,8 @@ ENGINE_DEATH_EXIT_BOUND_S = 120
 
 
 def post_json(base_url: str, path: str, body: dict, timeout: float = 120) -> tuple[int, dict]:
-    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"{}")
+    status, answer = raw_http.send(base_url + path, body, method="POST", timeout=timeout)
+    return status, json.loads(answer or b"{}")
 
 
 def test_one_token_conv_kernel_probe_and_fix():

@@ -18,11 +18,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, clean_env
-
-sys.path.insert(0, str(REPO / "scripts"))
-
 import patch_table
+from support.server import REPO, clean_env
 
 TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
 
@@ -96,7 +93,6 @@ def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_config):
     registered `minicpmv` is held to it in plugin/tests/test_register.py."""
     from transformers import AutoTokenizer
 
-    sys.path.append(str(REPO / "plugin" / "tests"))
     import reasoning_harness
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_config)

@@ -63,7 +63,7 @@ def silent_port() -> Iterator[int]:
 
 @pytest.mark.server
 @pytest.mark.parametrize("mode", MODES)
-def test_probe_passes(server: Any, mode: str) -> None:
+def test_each_probe_mode_passes_against_the_server(server: Any, mode: str) -> None:
     result, _ = run_probe(mode, "--url", server.base_url, "--model", server.model,
                           env=client_env(server))
     assert result.returncode == 0, result.stderr
@@ -87,7 +87,7 @@ def test_probe_accepts_openai_base_url(server: Any) -> None:
 
 @pytest.mark.server
 @pytest.mark.parametrize("mode", MODES)
-def test_json_report(server: Any, mode: str) -> None:
+def test_json_report_of_each_mode_lists_its_checks(server: Any, mode: str) -> None:
     result, _ = run_probe(mode, "--json", "--url", server.base_url, "--model", server.model,
                           env=client_env(server))
     assert result.returncode == 0, result.stderr
@@ -104,7 +104,7 @@ def test_json_report(server: Any, mode: str) -> None:
 
 
 @pytest.mark.server
-def test_smoke_report_details(server: Any) -> None:
+def test_smoke_report_counts_image_tokens_and_reasoning_per_thinking_mode(server: Any) -> None:
     result, _ = run_probe("smoke", "--json", "--url", server.base_url, "--model", server.model,
                           env=client_env(server))
     checks = {c["name"]: c["details"] for c in json.loads(result.stdout)["checks"]}
@@ -163,7 +163,7 @@ def test_api_key_from_env_and_file_is_never_printed(server: Any, tmp_path: Path)
 
 
 @pytest.mark.server
-def test_latencies(server: Any, record_property: Any) -> None:
+def test_probe_wall_time_of_each_mode_is_within_its_default_timeout(server: Any, record_property: Any) -> None:
     """Measure each mode (median of 3): the probe's own request time and the wall time of the
     whole command (Python start-up included), which is what a container healthcheck pays."""
     lines = []
@@ -196,7 +196,7 @@ def test_nothing_listening_fails_fast(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_nothing_listening_json(mode: str) -> None:
+def test_nothing_listening_is_a_json_connection_refused_failure(mode: str) -> None:
     result, _ = run_probe(mode, "--json", env={"PORT": str(closed_port())})
     assert result.returncode == 1
     report = json.loads(result.stdout)
@@ -307,7 +307,7 @@ def test_usage_errors_exit_2(args: tuple[str, ...], env: dict[str, str]) -> None
     assert "error" in result.stderr
 
 
-def test_help_exits_0() -> None:
+def test_help_exits_0_and_lists_the_options() -> None:
     result, _ = run_probe("smoke", "--help", timeout=30)
     assert result.returncode == 0
     assert "--expect-image-answer" in result.stdout

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, clean_env
+from support.server import REPO, clean_env
 
 PY312 = REPO / ".venv-py312" / "bin" / "python"
 

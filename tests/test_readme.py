@@ -1,4 +1,4 @@
-"""The README tells the truth: its configuration table, its sample error and its commands."""
+"""The README tells the truth: its sample error and its commands (its generated tables: test_doc_tables.py)."""
 
 from __future__ import annotations
 
@@ -6,30 +6,9 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, clean_env
-from minicpmv_ascend import settings
+from support.server import REPO, clean_env
 
 README = (REPO / "README.md").read_text()
-
-
-def test_configuration_table_is_the_generated_one():
-    start = README.index("<!-- settings-table:start")
-    end = README.index("<!-- settings-table:end -->")
-    table = README[README.index("\n", start) + 1:end].strip()
-    assert table == settings.markdown_table().strip(), (
-        "README's table is stale: paste `python -m minicpmv_ascend.settings --markdown`")
-
-
-def test_feature_tables_are_the_generated_one():
-    """README.md and docs/applications.md embed minicpmv_ascend.tools.features' table (its rows are
-    checked against the server by tests/test_applications.py)."""
-    from minicpmv_ascend.tools import features
-
-    for text in (README, (REPO / "docs" / "applications.md").read_text()):
-        start = text.index("<!-- features-table:start")
-        table = text[text.index("\n", start) + 1:text.index("<!-- features-table:end -->")].strip()
-        assert table == features.markdown().strip(), (
-            "stale: paste `python -m minicpmv_ascend.tools.features --markdown`")
 
 
 def test_sample_configuration_error_is_what_the_entrypoint_prints(tiny_config):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
 from minicpmv_ascend import request_guard
+from support import raw_http
 
 LONE = "\ud800"  # json.dumps (ensure_ascii) sends it as the escape \ud800: valid JSON, not Unicode text
 VALID = ["中文", "😀", "é"]  # 😀 goes out as the escaped pair \ud83d\ude00
@@ -39,12 +38,7 @@ def cases(model: str, text: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def post(base_url: str, path: str, body: bytes) -> tuple[int, bytes]:
-    request = urllib.request.Request(base_url + path, body, {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
+    return raw_http.send(base_url + path, body)
 
 
 @pytest.mark.server

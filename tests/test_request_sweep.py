@@ -24,15 +24,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from conftest import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY
-from test_bad_requests import error_message, png_url
+from support import raw_http
+from support.images import png_url
+from support.raw_http import error_message
+from support.server import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY
 
 IMAGE_LIMIT = 5  # limit_mm_per_prompt image (the settings table's default)
 CHUNK = OTHER_SERVER_CHUNK  # MAX_NUM_BATCHED_TOKENS of the `chunked` server
@@ -243,21 +243,11 @@ SWEEPS = sweeps()
 
 
 def post(base_url: str, path: str, body: dict[str, Any], key: str | None = None) -> tuple[int, bytes]:
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
-    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
+    return raw_http.send(base_url + path, body, key=key, timeout=TIMEOUT_S)
 
 
 def alive(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(base_url + "/health", timeout=10) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return raw_http.healthy(base_url)
 
 
 def from_stream(raw: bytes, sweep: Sweep, body: dict[str, Any]) -> dict[str, Any]:
@@ -329,13 +319,13 @@ def run_sweep(srv: Any, kind: str, sweep: Sweep) -> None:
 
 @pytest.mark.server
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
-def test_sweep_default(sweep: Sweep, server):
+def test_sweep_is_answered_as_expected_on_the_default_server(sweep: Sweep, server):
     run_sweep(server, "default", sweep)
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda s: s.name)
-def test_sweep_chunked(sweep: Sweep, other_server):
+def test_sweep_is_answered_as_expected_with_chunked_prefill_and_prefix_cache(sweep: Sweep, other_server):
     run_sweep(other_server, "chunked", sweep)
 
 

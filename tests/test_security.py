@@ -23,7 +23,6 @@ import base64
 import concurrent.futures
 import http.client
 import http.server
-import io
 import json
 import pathlib
 import re
@@ -32,19 +31,15 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from conftest import OTHER_SERVER_KEY, REPO, clean_env
-from helpers_launcher import launcher_env, run_entrypoint
 from minicpmv_ascend import access, settings
-from slow_hosts import SLOW_PATHS, SlowHost
-from test_deploy_support import (
+from support import raw_http
+from support.deploy import (
     JOB_TEMPLATES,
     OVERLAYS,
     env_mapping,
@@ -53,28 +48,19 @@ from test_deploy_support import (
     render_everything,
     server_container,
 )
+from support.images import png_bytes
+from support.launcher import launcher_env, run_entrypoint
+from support.server import OTHER_SERVER_KEY, REPO, clean_env
+from support.slow_hosts import SLOW_PATHS, SlowHost
 
 SECRET = OTHER_SERVER_KEY
 PROBE = REPO / "healthcheck" / "probe.py"
 
 
-def png(color: tuple[int, int, int]) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.new("RGB", (64, 48), color).save(out, "PNG")
-    return out.getvalue()
-
-
 def request(base_url: str, path: str, body: dict | None = None, key: str | None = None,
             timeout: float = 120) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
-    data = json.dumps(body).encode() if body is not None else None
-    try:
-        with urllib.request.urlopen(urllib.request.Request(base_url + path, data, headers), timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+    status, answer = raw_http.send(base_url + path, body, key=key, timeout=timeout)
+    return status, answer.decode()
 
 
 def image_chat(server: Any, url: str, key: str | None = None) -> tuple[int, str]:
@@ -100,7 +86,7 @@ class ImageHost:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                data = png((200, 40, 40))
+                data = png_bytes(64, 48, (200, 40, 40))
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
                 self.send_header("Content-Length", str(len(data)))
@@ -136,9 +122,9 @@ def image_host() -> Iterator[ImageHost]:
 @pytest.fixture(scope="module")
 def files(other_server_files) -> pathlib.Path:
     """The guarded server's key file and media directory, a picture in it and one outside of it."""
-    (other_server_files / "media" / "red.png").write_bytes(png((200, 40, 40)))
+    (other_server_files / "media" / "red.png").write_bytes(png_bytes(64, 48, (200, 40, 40)))
     (other_server_files / "outside").mkdir(exist_ok=True)
-    (other_server_files / "outside" / "blue.png").write_bytes(png((40, 40, 200)))
+    (other_server_files / "outside" / "blue.png").write_bytes(png_bytes(64, 48, (40, 40, 200)))
     return other_server_files
 
 
@@ -394,7 +380,7 @@ def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host)
         assert status == 400 and "fetching image URLs is off" in body, (status, body)
         assert "ALLOWED_MEDIA_DOMAINS=public" in body and "data: URL" in body, body
     assert image_host.requests == [], "the server fetched an image URL although fetching is off"
-    inline = "data:image/png;base64," + base64.b64encode(png((0, 160, 0))).decode()
+    inline = "data:image/png;base64," + base64.b64encode(png_bytes(64, 48, (0, 160, 0))).decode()
     assert image_chat(guarded, inline, SECRET)[0] == 200  # images sent inline still work
 
 
@@ -604,7 +590,7 @@ def test_the_documented_nfs_patch_keeps_the_download_job_unprivileged(tmp_path) 
     import os
     import pathlib
 
-    from test_deploy_support import K8S, by_name, render_kustomization
+    from support.deploy import K8S, by_name, render_kustomization
 
     doc = (REPO / "docs" / "deploy-ascend.md").read_text()
     section = doc[doc.index("**Shared storage that ignores `fsGroup`**"):]

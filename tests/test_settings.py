@@ -14,7 +14,6 @@ import typing
 
 import pytest
 
-from helpers_launcher import SECRET, copy_checkpoint, edit_config
 from minicpmv_ascend import settings, vllm_source
 from minicpmv_ascend.common import model_files
 from minicpmv_ascend.settings import (
@@ -28,6 +27,7 @@ from minicpmv_ascend.settings import (
     vllm_check,
 )
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, cpu_env_defaults
+from support.launcher import SECRET, copy_checkpoint, edit_config
 
 CPU = "cpu"
 
@@ -150,7 +150,7 @@ def test_pass_through_flag_overrides_env_and_is_validated(tiny_config):
 # --------------------------------------------------------------------------------------------
 
 
-def test_default_argv(tiny_config):
+def test_default_plan_argv_has_the_kits_flags_middleware_and_env_defaults(tiny_config):
     plan = plan_for(tiny_config)
     args = plan.vllm_args
     assert args[0] == str(tiny_config)
@@ -403,11 +403,11 @@ def test_type_and_range_errors(env, key, fix_words):
     assert err.origin == f"env {settings.SETTINGS_BY_NAME[key].env}"
 
 
-def test_flag_without_value():
+def test_flag_without_value_names_the_setting_and_its_spelling():
     _assert_error(error_of(resolve, ["--port"], {}), "port", "--port VALUE")
 
 
-def test_yaml_errors(tmp_path):
+def test_yaml_mistakes_name_the_key_and_the_fix(tmp_path):
     cases = {
         "max_model_lenn: 4096\n": ("max_model_lenn", "did you mean `max_model_len`?"),
         "max-num-seqs: 4\n": ("max-num-seqs", "did you mean `max_num_seqs`?"),
@@ -428,7 +428,7 @@ def _empty(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "empty.yaml"
 
 
-def test_model_path_errors(tmp_path):
+def test_absent_or_non_directory_model_path_is_refused(tmp_path):
     err = error_of(plan_for, tmp_path / "absent")
     _assert_error(err, "model_path", "MODEL_PATH", "VLLM_USE_MODELSCOPE")
     (tmp_path / "file").write_text("x")
@@ -446,7 +446,7 @@ def test_model_path_errors(tmp_path):
         (lambda m: _shard_index(m, missing="model-00002-of-00002.safetensors"), "model-00002-of-00002"),
     ],
 )
-def test_incomplete_checkpoint(tiny_config, tmp_path, damage, words):
+def test_incomplete_checkpoint_is_refused_naming_what_is_missing(tiny_config, tmp_path, damage, words):
     model = copy_checkpoint(tiny_config, tmp_path / "m")
     damage(model)
     err = error_of(plan_for, model)
@@ -465,7 +465,7 @@ def _shard_index(model: pathlib.Path, missing: str) -> None:
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
-def test_invalid_config_json(tiny_config, tmp_path):
+def test_unparsable_config_json_is_refused_with_re_download(tiny_config, tmp_path):
     model = copy_checkpoint(tiny_config, tmp_path / "m")
     (model / "config.json").write_text("{not json")
     _assert_error(error_of(plan_for, model), "model_path", "re-download")
@@ -509,7 +509,7 @@ def test_no_visible_npu_is_reported(tiny_config, tmp_path):
         assert "only 0 device(s)" in err.why
 
 
-def test_visible_devices(tmp_path):
+def test_visible_device_count_reads_the_ascend_variable_or_the_device_files(tmp_path):
     for name in ("davinci0", "davinci1", "davinci_manager", "devmm_svm"):
         (tmp_path / name).touch()
     assert settings.visible_device_count("ascend", {}, tmp_path) == 2
@@ -573,7 +573,7 @@ def test_vllm_parser_accepts_the_default_plan(tiny_config):
         ([], {"REASONING_PARSER": "minicpm"}, "reasoning_parser", "did you mean 'minicpmv'"),
     ],
 )
-def test_vllm_parser_errors(tiny_config, args, env, key, words):
+def test_vllm_parser_refusals_name_the_setting(tiny_config, args, env, key, words):
     err = error_of(check_with_vllm, plan_for(tiny_config, args, **env))
     assert err.key == key
     assert words in str(err), str(err)

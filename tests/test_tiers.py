@@ -40,10 +40,10 @@ def test_two_engines_as_declared():
 
 @pytest.fixture
 def inner(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
+    pytester.makeconftest("import tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
                           "tiers.PY312_VENV = '/stand-in-venv-py312/'\n"
                           "def pytest_configure(config):\n    config.pluginmanager.register(tiers, 'tiers')\n")
-    pytester.makeini("[pytest]\nmarkers =\n    server\n    engine\n    slow\n    py312\n")
+    pytester.makeini(f"[pytest]\npythonpath = {TESTS}\nmarkers =\n    server\n    engine\n    slow\n    py312\n")
     return pytester
 
 

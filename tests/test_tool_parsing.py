@@ -10,15 +10,10 @@ named function) run against the real server in tests/test_applications.py.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from conftest import REPO
-from minicpmv_ascend import settings, vllm_source
-
-sys.path.insert(0, str(REPO / "plugin" / "tests"))
 import tool_parsing_harness as harness
+from minicpmv_ascend import settings, vllm_source
 
 
 @pytest.fixture(scope="module", params=["minicpmv", "qwen3"])

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from conftest import clean_env
 from minicpmv_ascend.tools import lifecycle
+from support.server import clean_env
 
 # Listens after DELAY seconds and lists one model; `--ignore-term` also ignores SIGTERM, and starts a
 # child (in its group) that ignores it too.

@@ -13,11 +13,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env
-
-sys.path.append(str(REPO / "plugin" / "tests"))  # vit_varlen_check, shared with plugin/tests
-
 import vit_varlen_check
+from support.server import REPO, clean_env
 
 
 @pytest.mark.slow

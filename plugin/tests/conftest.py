@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from _target import REPO, Target, VllmCode, current_target
+from _target import Target, VllmCode, current_target
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -29,7 +27,6 @@ def target() -> Target:
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    sys.path.insert(0, str(REPO / "src"))
     from minicpmv_ascend.checkpoint import generate
 
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)

@@ -100,9 +100,7 @@ def test_patch_table_column_is_this_vllms_decisions(loaded, target):
     """The generated table in plugin/README.md and docs/deploy-ascend.md says, in this target's
     column, what this vLLM's predicates decide (`make patch-table` regenerates it)."""
     import minicpmv_ascend_plugin as plugin
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    import patch_table
+    import patch_table  # scripts/ (pyproject.toml's pytest pythonpath)
 
     out, _ = loaded
     decided = {"vllm": target.vllm, "patches": [

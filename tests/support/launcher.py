@@ -1,4 +1,4 @@
-"""Helpers for the settings and launcher tests (no fixtures here: conftest.py owns those)."""
+"""Helpers for the settings and launcher tests (no fixtures here: tests/conftest.py owns those)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import time
 
 from minicpmv_ascend.settings import CONFIG_FILE_ENV, SETTINGS
+from support import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "entrypoint.py"
 SECRET = "sk-test-5f0c1d2e-never-print-me"
 

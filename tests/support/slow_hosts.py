@@ -13,22 +13,12 @@ from __future__ import annotations
 
 import socket
 import socketserver
-import struct
 import threading
-import zlib
 from typing import Any
 
+from support.images import png_bytes
+
 SLOW_PATHS = ("/trickle-length", "/trickle", "/chunked", "/stall", "/slow-headers", "/silent")
-
-
-def tiny_png(width: int = 32, height: int = 24) -> bytes:
-    """A valid RGB PNG, written without PIL (the unit tier imports nothing heavy)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    rows = b"".join(b"\x00" + bytes((200, 40, 40)) * width for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 class SlowHost:
@@ -71,7 +61,7 @@ class SlowHost:
             sock.sendall(data[i:i + 1])
 
     def answer(self, sock: socket.socket, path: str) -> None:
-        body = tiny_png()
+        body = png_bytes(32, 24, (200, 40, 40))
         if path == "/png":
             sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nConnection: close\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body)

@@ -16,11 +16,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
 
-from conftest import REPO
+from support import REPO
 
 LINT_BIN = REPO / ".venv-lint" / "bin"
 # The one table of Ascend targets (deploy/ascend-targets.yaml): the Dockerfile, compose, the
@@ -456,3 +457,47 @@ def one(docs: list[dict], kind: str) -> dict:
 def server_container(deployment: dict) -> dict:
     containers = deployment["spec"]["template"]["spec"]["containers"]
     return next(c for c in containers if c["name"] == "server")
+
+
+# --------------------------------------------------------------------------------------------
+# The images' Dockerfiles (tests/test_deploy_images.py, tests/test_makefile.py)
+# --------------------------------------------------------------------------------------------
+
+DOCKERFILES = {"ascend": REPO / "Dockerfile", "cpu": REPO / "Dockerfile.cpu"}
+
+
+def build_args(instructions) -> dict[str, str]:
+    """ARG defaults (a later `ARG NAME` without a value only re-imports the name into a stage)."""
+    defaults: dict[str, str] = {}
+    for ins in instructions:
+        if ins.name == "ARG" and "=" in ins.args:
+            name, value = ins.args.split("=", 1)
+            defaults.setdefault(name, value.strip('"'))
+    return defaults
+
+
+# --------------------------------------------------------------------------------------------
+# The host scripts and a stand-in `modelscope` (tests/test_deploy_scripts.py,
+# tests/test_host_python37.py)
+# --------------------------------------------------------------------------------------------
+
+DOWNLOAD = REPO / "scripts" / "download_weights.sh"
+VERIFY = REPO / "scripts" / "verify_model_dir.py"
+
+FAKE_MODELSCOPE = textwrap.dedent("""\
+    #!{python}
+    # Stand-in for `modelscope download --model ID [--revision R] --local_dir DIR`: records its
+    # arguments, prints progress the way the real CLI does (stderr), copies a checkpoint into new
+    # files (created under the caller's umask, as the real CLI's are).
+    import json, os, shutil, sys
+    args = sys.argv[1:]
+    open(os.environ["FAKE_MODELSCOPE_LOG"], "w").write(json.dumps(args))
+    dest = args[args.index("--local_dir") + 1]
+    source = os.environ["FAKE_MODELSCOPE_SOURCE"]
+    for name in sorted(os.listdir(source)):
+        print(f"Downloading [{{name}}]: 100%|##########| 1.00/1.00", file=sys.stderr)
+        shutil.copyfile(os.path.join(source, name), os.path.join(dest, name))
+    if os.environ.get("FAKE_MODELSCOPE_TRUNCATE"):
+        path = os.path.join(dest, "model.safetensors")
+        os.truncate(path, os.path.getsize(path) // 2)
+""")

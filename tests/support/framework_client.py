@@ -1,7 +1,7 @@
 """LangChain's `ChatOpenAI` as an application uses it, against a running server: run with
 .venv-apps' Python (requirements/apps.txt, `make apps-tools`) by tests/test_applications.py.
 
-    .venv-apps/bin/python tests/framework_client.py BASE_URL MODEL
+    .venv-apps/bin/python tests/support/framework_client.py BASE_URL MODEL
 
 Prints one JSON object: what each use returned, already validated by the application's own
 pydantic models (a value outside a tool's or a response format's schema raises here, in the
