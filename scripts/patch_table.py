@@ -10,20 +10,18 @@ the result as JSON; the table is rendered from those results. Every patch in
 `minicpmv_ascend_plugin.PATCHES` is a row, so new patches appear without touching this script.
 
 The table lives between `<!-- patch-table:start -->` and `<!-- patch-table:end -->` in
-plugin/README.md and docs/deploy-ascend.md. Tests check each column against the decisions of its
-own venv (plugin/tests/test_register.py per target, tests/test_plugin.py for .venv).
+plugin/README.md and docs/deploy-ascend.md, written through the docs' one registry of generated
+parts (minicpmv_ascend.tools.doc_tables: `make patch-table`, or `make docs` for every part). Tests
+check each column against the decisions of its own venv (plugin/tests/test_register.py per target,
+tests/test_plugin.py for .venv).
 
 The per-patch prose of plugin/README.md (the patch list, "Details and evidence", and the wheel
 evidence per vLLM release) is generated too, from what each patch declares (`Patch.fixes`,
 `.references`, `.tests`, `.delete_when`, `.details`, `.evidence`): `patch_list()`,
-`patch_details()` and `patch_evidence(vllm)` return the Markdown between their markers; they need
-no target venv (`--docs`), and plugin/tests/test_patch_docs.py keeps them in sync.
+`patch_details()` and `patch_evidence(vllm)` return the Markdown between their markers, need no
+target venv, and are entries of the same registry (tests/test_doc_tables.py keeps them in sync).
 
-Usage (with any venv's python; `make patch-table` runs the first):
-    python scripts/patch_table.py --write       run every venv's decisions, rewrite both files
-                                                (and the README's per-patch prose)
-    python scripts/patch_table.py --check       the same, exit 1 if a file differs
-    python scripts/patch_table.py --docs        rewrite only the README's per-patch prose
+Usage (with any venv's python):
     python scripts/patch_table.py --decisions   this interpreter's decisions, as JSON
     python scripts/patch_table.py --decide      this interpreter's decisions, one line per patch;
                                                 exit 1 if a predicate did not find its layout
@@ -44,12 +42,11 @@ from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TARGETS_FILE = REPO / "deploy" / "ascend-targets.yaml"
-FILES = (REPO / "plugin" / "README.md", REPO / "docs" / "deploy-ascend.md")
+FILES = (REPO / "plugin" / "README.md", REPO / "docs" / "deploy-ascend.md")  # as its doc_tables entry
 START, END = "<!-- patch-table:start -->", "<!-- patch-table:end -->"
 CPU_VENV = ".venv"
 RESULT = "PATCH-TABLE "
 LAYOUT_NOT_FOUND = "layout-not-found"  # minicpmv_ascend_plugin.LAYOUT_NOT_FOUND (no import: runs in any venv)
-README = REPO / "plugin" / "README.md"
 NOTE = (
     "Decided by each vLLM's own code, with the plugin's predicates, on a CPU (`make patch-table`; "
     "the targets' vLLM wheels run here on the \"unspecified\" platform, see plugin/README.md). "
@@ -148,16 +145,6 @@ def block(text: str, start: str = START, end: str = END) -> str:
 
 # -- the README's per-patch prose, from each patch's declaration ------------------------------------
 
-def markers(name: str) -> tuple[str, str]:
-    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-
-
-def _generated(name: str, body: list[str]) -> str:
-    start, end = markers(name)
-    return "\n".join([start, "<!-- generated from each patch's declaration (plugin/minicpmv_ascend_plugin/*.py) by "
-                      "`python scripts/patch_table.py --docs`; a test keeps it in sync -->", *body, end])
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -181,7 +168,7 @@ def patch_list() -> str:
     for p in _patches():
         cells = [f"`{p.name}`", _files(p), p.fixes, p.references, p.tests, p.delete_when]
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return _generated("patch-list", rows)
+    return "\n".join(rows) + "\n"
 
 
 def patch_details() -> str:
@@ -191,7 +178,7 @@ def patch_details() -> str:
     for p in _patches():
         lines = textwrap.dedent(p.details).strip().splitlines()
         bullets.append(f"- **{p.name}**: " + "\n  ".join(lines))
-    return _generated("patch-details", bullets)
+    return "\n".join(bullets) + "\n"
 
 
 def patch_evidence(vllm: str = "0.30.0") -> str:
@@ -202,24 +189,7 @@ def patch_evidence(vllm: str = "0.30.0") -> str:
         if vllm in p.evidence:
             status, where = p.evidence[vllm]
             rows.append(f"| `{p.name}` | {_cell(status)} | {_cell(where)} |")
-    return _generated(f"patch-evidence-{vllm}", rows)
-
-
-def doc_blocks() -> dict[str, str]:
-    """Each generated prose block of plugin/README.md by marker name."""
-    return {"patch-list": patch_list(), "patch-details": patch_details(),
-            "patch-evidence-0.30.0": patch_evidence("0.30.0")}
-
-
-def write_docs(check: bool = False) -> bool:
-    """Rewrite (or, with `check`, compare) the README's prose blocks; True if they were stale."""
-    text = README.read_text(encoding="utf-8")
-    new = text
-    for name, generated in doc_blocks().items():
-        new = new.replace(block(new, *markers(name)), generated)
-    if new != text and not check:
-        README.write_text(new, encoding="utf-8")
-    return new != text
+    return "\n".join(rows) + "\n"
 
 
 def decide_lines() -> tuple[list[str], bool]:
@@ -253,39 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--decisions", action="store_true")
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    mode.add_argument("--docs", action="store_true")
     mode.add_argument("--decide", action="store_true")
     args = parser.parse_args(argv)
     if args.decisions:
         result = decisions()
         print(RESULT + json.dumps(result), flush=True)
         return 0
-    if args.decide:
-        lines, unfound = decide_lines()
-        print("\n".join(lines), flush=True)
-        return 1 if unfound else 0
-    if args.docs:
-        print("rewrote" if write_docs() else "up to date", README.relative_to(REPO))
-        return 0
-    docs_stale = write_docs(check=args.check)
-    table = render([run_decisions(venv) for venv in venvs()])
-    stale = []
-    for path in FILES:
-        text = path.read_text(encoding="utf-8")
-        new = text.replace(block(text), table)
-        if new != text:
-            stale.append(path.relative_to(REPO))
-            if args.write:
-                path.write_text(new, encoding="utf-8")
-    if docs_stale:
-        stale.append(README.relative_to(REPO))
-    if args.check and stale:
-        print(f"out of date: {', '.join(map(str, stale))}: run `make patch-table`", file=sys.stderr)
-        return 1
-    print(table if args.write else "up to date")
-    return 0
+    lines, unfound = decide_lines()
+    print("\n".join(lines), flush=True)
+    return 1 if unfound else 0
 
 
 if __name__ == "__main__":

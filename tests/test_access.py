@@ -1,4 +1,4 @@
-"""The access control (minicpmv_ascend.access) without a server: its rules on hand-made ASGI
+"""The access control (minicpmv_ascend.server.access) without a server: its rules on hand-made ASGI
 requests, every route of vLLM 0.32's real app, the facts it relies on in vLLM 0.23, 0.30 and
 0.32's source, the launcher's flag and the generated docs.
 
@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 import access_harness
-from minicpmv_ascend import access, settings
+from minicpmv_ascend import settings
+from minicpmv_ascend.server import access
 from support.server import REPO
 
 KEY = "sk-access-unit"
@@ -272,9 +273,9 @@ def test_a_wrong_admin_setting_is_a_configuration_error(tiny_config) -> None:
 
 
 def test_access_markdown_command_prints_the_route_tables() -> None:
-    """`python -m minicpmv_ascend.access --markdown` prints access.markdown(), the route tables of
+    """`python -m minicpmv_ascend.server.access --markdown` prints access.markdown(), the route tables of
     docs/reliability.md (tests/test_doc_tables.py keeps the doc equal to it)."""
-    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.access", "--markdown"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "minicpmv_ascend.server.access", "--markdown"], capture_output=True,
                          text=True, check=True).stdout
     assert out == access.markdown() and out.strip()
 

@@ -409,7 +409,7 @@ def adapter_metric_names() -> dict[str, str]:
 
 def test_servicemonitor_scrapes_a_path_the_api_key_leaves_open(rendered) -> None:
     """Whatever the access rules become, Prometheus must reach /metrics without the key."""
-    from minicpmv_ascend import access
+    from minicpmv_ascend.server import access
 
     public = {(route.path, method) for route in access.PUBLIC_ROUTES for method in route.methods}
     for rendering in ("a2+components", "autoscaling"):

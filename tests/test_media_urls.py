@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from minicpmv_ascend import media_urls
+from minicpmv_ascend.server import media_urls
 from support.slow_hosts import SLOW_PATHS, SlowHost
 
 # Addresses huggingface.co (the image host of the first seed document's example request:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from minicpmv_ascend import request_guard
+from minicpmv_ascend.server import request_guard
 from support import raw_http
 
 LONE = "\ud800"  # json.dumps (ensure_ascii) sends it as the escape \ud800: valid JSON, not Unicode text

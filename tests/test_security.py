@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 import yaml
 
-from minicpmv_ascend import access, settings
+from minicpmv_ascend import settings
+from minicpmv_ascend.server import access
 from support import raw_http
 from support.deploy import (
     JOB_TEMPLATES,

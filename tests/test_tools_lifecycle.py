@@ -179,11 +179,16 @@ def test_server_pids_on_port_finds_the_server_under_test(tmp_path) -> None:
     finally:
         lifecycle.stop(proc, timeout=10)
     port = lifecycle.free_port()
-    parent = ("import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], '0'])")
+    # Like vLLM's main process, the parent stops its API server on SIGTERM (else stop() waits out
+    # GROUP_GRACE_S for the orphan before it kills the group).
+    parent = ("import signal, subprocess, sys\n"
+              "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2], '0'])\n"
+              "signal.signal(signal.SIGTERM, lambda *_: child.terminate())\n"
+              "child.wait()")
     main = lifecycle.start([sys.executable, "-c", parent, STAND_IN, str(port), "VLLM::main"], tmp_path / "main",
                            clean_env(), cwd=tmp_path)
     try:
         lifecycle.wait_ready(main, f"http://127.0.0.1:{port}", 30)
         assert lifecycle.server_pids_on_port(port) == [main.pid]
     finally:
-        lifecycle.stop(main, timeout=10)
+        assert lifecycle.stop(main, timeout=10) == 0

@@ -74,7 +74,7 @@ def routes(app: Any) -> list[tuple[str, str]]:
 
 
 def kind_of(method: str, path: str) -> str:
-    from minicpmv_ascend import access
+    from minicpmv_ascend.server import access
 
     if access.is_public(method, path):
         return "public"
@@ -102,8 +102,8 @@ def send_all(app: Any) -> list[Outcome]:
 
 
 def problems(outcomes: list[Outcome], admin_routes: bool) -> list[str]:
-    """What does not hold of the rules (minicpmv_ascend.access) for one app."""
-    from minicpmv_ascend import access
+    """What does not hold of the rules (minicpmv_ascend.server.access) for one app."""
+    from minicpmv_ascend.server import access
 
     bad = []
     for o in outcomes:
@@ -131,7 +131,7 @@ def report(tmp: pathlib.Path) -> dict[str, Any]:
     The caller sets ROUTE_FAMILIES_ENV and VLLM_API_KEY=KEY in the environment."""
     import vllm
 
-    from minicpmv_ascend import access
+    from minicpmv_ascend.server import access
 
     out: dict[str, Any] = {"vllm": vllm.__version__}
     for name, middleware, admin_routes in (("vllm alone", None, False), ("off", access.middleware_path(False), False),

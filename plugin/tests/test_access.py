@@ -2,7 +2,7 @@
 `vllm.entrypoints.openai.api_server`, 0.30's `vllm.entrypoints.launchers.app`; the app
 vllm-ascend of that release serves), route by route.
 
-The launcher hands vLLM `--middleware minicpmv_ascend.access.AccessControl` (vLLM's own option;
+The launcher hands vLLM `--middleware minicpmv_ascend.server.access.AccessControl` (vLLM's own option;
 not a plugin patch). Here the target's own frontend parser and app builder take it, with every
 optional route family on, and each route is sent without a key, with a wrong key and with the key
 (access_harness.py, in a fresh process of this venv). The same runs on vLLM 0.32's app in

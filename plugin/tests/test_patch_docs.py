@@ -62,18 +62,6 @@ def test_every_patch_module_is_listed_once_with_its_prose():
         assert not missing, f"{patch.name} declares no {', '.join(missing)}"
 
 
-def test_readme_patch_prose_is_generated_from_the_declarations():
-    """plugin/README.md's patch list, "Details and evidence" and the 0.30.0 evidence table are what
-    each patch declares (`python scripts/patch_table.py --docs` rewrites them)."""
-    table = patch_table()
-    text = README.read_text(encoding="utf-8")
-    blocks = table.doc_blocks()
-    assert blocks, "no generated block"
-    for name, generated in blocks.items():
-        assert table.block(text, *table.markers(name)) == generated, \
-            f"plugin/README.md's {name} is out of date: run `python scripts/patch_table.py --docs`"
-
-
 def test_declared_wheel_evidence_agrees_with_needed(target):
     """A patch's `evidence` for this target's vLLM says "applied" exactly where `_target.NEEDED` does."""
     import minicpmv_ascend_plugin as plugin

@@ -1,4 +1,4 @@
-"""The kit's request guard (minicpmv_ascend.request_guard, the launcher's `--middleware`; not a
+"""The kit's request guard (minicpmv_ascend.server.request_guard, the launcher's `--middleware`; not a
 plugin patch) on the target's own code: the bug is there (the engine client's msgpack encoder
 cannot encode a lone surrogate: the 500 of issue 21), and the target's app, built with the
 middleware by its own frontend parser, answers such a body 400 naming the field, streamed or not,
@@ -28,7 +28,7 @@ except Exception as error:
     out["encode"] = type(error).__name__
 from starlette.testclient import TestClient
 from access_harness import build
-app = build("minicpmv_ascend.request_guard.RequestGuard", pathlib.Path(tempfile.mkdtemp()))
+app = build("minicpmv_ascend.server.request_guard.RequestGuard", pathlib.Path(tempfile.mkdtemp()))
 client = TestClient(app, raise_server_exceptions=False)
 for name, text, stream in (("lone", "\\ud800", False), ("lone-stream", "\\ud800", True), ("pair", "\\ud83d\\ude00", False)):
     body = {{"model": "m", "messages": [{{"role": "user", "content": "Hi"}}], "stop": [text], "stream": stream}}

@@ -373,7 +373,7 @@ def test_public_media_urls_on_the_targets_connector(target):
         from vllm.multimodal.media.connector import MediaConnector
         from vllm.multimodal.media.image import ImageMediaIO
         from vllm.plugins import load_general_plugins
-        from minicpmv_ascend.media_urls import PUBLIC_SENTINEL
+        from minicpmv_ascend.server.media_urls import PUBLIC_SENTINEL
         load_general_plugins()
         connector = MediaConnector(allowed_media_domains=[PUBLIC_SENTINEL, "127.0.0.1"])
         out = {{}}

@@ -56,7 +56,10 @@ TABLES: tuple[Table, ...] = (
     # column in its venv, tests/test_plugin_targets.py the CPU column and the rows (`make patch-table`).
     Table("patch-table", ("plugin/README.md", "docs/deploy-ascend.md"),
           "minicpmv_ascend.tools.doc_tables:patch_table_markdown", needs="the target venvs (make patch-table)"),
-    # plugin/README.md's per-patch sections (issue 22): registered here by their generator's owner.
+    # plugin/README.md's per-patch prose, from each patch's declaration (no target venv needed).
+    Table("patch-list", ("plugin/README.md",), "patch_table:patch_list"),
+    Table("patch-details", ("plugin/README.md",), "patch_table:patch_details"),
+    Table("patch-evidence-0.30.0", ("plugin/README.md",), "patch_table:patch_evidence"),
 )
 
 
