@@ -45,6 +45,15 @@ def tiny_config(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def k8s_rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every Kubernetes object this repository can produce (kubectl kustomize of each overlay alone,
+    with its components, with the storage patch): rendered once for the deploy and security tests."""
+    from support.deploy import render_everything
+
+    return render_everything(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def server(tiny_checkpoint, tmp_path_factory):
     """The shared server for tests that only send requests (they must not stop or break it)."""
     srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log", **SHARED_SERVER_ENV)

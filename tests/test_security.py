@@ -46,7 +46,6 @@ from support.deploy import (
     env_mapping,
     one,
     pod_templates,
-    render_everything,
     server_container,
 )
 from support.images import png_bytes
@@ -499,8 +498,8 @@ def pod_problems(pod: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def renderings(tmp_path_factory) -> dict[str, list[dict]]:
-    return render_everything(tmp_path_factory)
+def renderings(k8s_rendered) -> dict[str, list[dict]]:
+    return k8s_rendered
 
 
 def test_no_pod_is_privileged_or_root(renderings) -> None:
