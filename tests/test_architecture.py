@@ -244,7 +244,7 @@ def test_what_runs_on_the_hosts_python_is_python_37() -> None:
     assert python37_problems(sources()) == []
 
 
-def test_no_import_circles() -> None:
+def test_the_import_graph_has_no_cycles() -> None:
     assert cycles(sources()) == []
 
 

@@ -69,7 +69,7 @@ PATCH = Patch(
     fixes=("`AttributeError: 'MiniCPMV4_6ImageProcessor' object has no attribute 'version'` on the first image and in the "
      'profiling dummy inputs (no server start)'),
     references='vLLM #44980; vllm-ascend #13491',
-    tests='`test_processor_version`',
+    tests='`test_processor_version_crash_without_and_hf_processor_with_the_patch`',
     delete_when='vLLM >= 0.24',
     details=DETAILS,
     evidence={"0.30.0": ('not needed', ('`model_executor/models/minicpmv4_6.py:483`: `MiniCPMV4_6ProcessingInfo.get_hf_processor` '

@@ -28,7 +28,7 @@ def check_predicate(vllm_code, target, name: str) -> None:
     assert (reason is None) == target.needs(name), (target.vllm, name, reason)
 
 
-def test_processor_version(vllm_code, target):
+def test_processor_version_crash_without_and_hf_processor_with_the_patch(vllm_code, target):
     """0.23: a crash on the first image and in the profiling dummy inputs (no server start); the
     patch returns transformers' own processor, which vLLM >= 0.24 does itself."""
     from transformers import MiniCPMV4_6Processor

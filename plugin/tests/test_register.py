@@ -200,7 +200,7 @@ SERVER_DIFFERS = {
     ("5.21.0", True, "0.34.0", True),  # unknown future vLLM: not blocked
     (None, False, "0.23.0", False),
 ])
-def test_transformers_requirement(transformers, has_model, vllm, ok):
+def test_transformers_requirement_judges_version_model_and_vllm(transformers, has_model, vllm, ok):
     from minicpmv_ascend_plugin.transformers_check import problem
 
     message = problem(transformers, has_model, vllm)
@@ -237,7 +237,7 @@ def test_version_tuples_and_sections():
     assert rotary_mrope.overrides(already) is None
 
 
-def test_ascend_check_script(target):
+def test_ascend_check_script_reports_this_targets_vllm_and_decisions(target):
     """The NPU users' check script on the target's vLLM (no server here: --no-requests)."""
     import subprocess
 

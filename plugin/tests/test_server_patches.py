@@ -38,7 +38,7 @@ CUT_REQUEST = "This server shut down before the request finished"
 HARNESS_TIMEOUT_S = 120  # start (a vLLM import, ~20 s here) + scenario
 HANG_WAIT_S = 38  # without the fix: still running this long after SIGTERM (> STOP_BOUND_S) is a hang
 STOP_BOUND_S = GRACE_S + 30  # with the fix the server stops within this after SIGTERM
-# Every patch of the API server process whose predicate test_server_patch_predicates checks.
+# Every patch of the API server process whose predicate test_server_patch_predicates_decide_as_the_target_needs checks.
 PREDICATES = (*SERVER_PATCHES, "uvicorn-signals", "json-whitespace")
 
 
@@ -110,7 +110,7 @@ def seconds_since_sigterm(output: str) -> float:
     return time.time() - float(line.removeprefix("SIGTERM at "))
 
 
-def test_server_patch_predicates(target):
+def test_server_patch_predicates_decide_as_the_target_needs(target):
     from PIL import Image
 
     import minicpmv_ascend_plugin as plugin

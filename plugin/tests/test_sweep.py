@@ -71,7 +71,7 @@ def test_placeholder_path_is_vllms_apply(vllm_code, target):
             assert out["prompt_token_ids"] == vllm_code.placeholder_ids(w, h, **kwargs)
 
 
-def test_sweep_against_transformers(vllm_code, target, checkpoint):
+def test_sweep_image_tokens_equal_transformers_processor(vllm_code, target, checkpoint):
     from minicpmv_ascend_plugin.image_size_order import Plan
 
     started = time.monotonic()
