@@ -8,8 +8,6 @@ import json
 import pathlib
 
 import pytest
-import torch
-from transformers import AutoProcessor, MiniCPMV4_6ForConditionalGeneration
 
 from minicpmv_ascend import checkpoint
 
@@ -20,6 +18,9 @@ def sha256(path: pathlib.Path) -> str:
 
 @pytest.mark.slow
 def test_hf_loads_tiny_checkpoint_with_no_missing_or_unexpected_weights(tiny_checkpoint):
+    import torch
+    from transformers import MiniCPMV4_6ForConditionalGeneration
+
     model, info = MiniCPMV4_6ForConditionalGeneration.from_pretrained(
         tiny_checkpoint, output_loading_info=True, dtype=torch.float32
     )
@@ -48,6 +49,9 @@ def test_generation_is_deterministic_by_seed(tiny_checkpoint, tmp_path):
 @pytest.mark.slow
 def test_tiny_model_next_token_distribution_is_peaked(tiny_checkpoint):
     """Accuracy checks need confident tokens: the top-1/top-2 log-prob gap must be large."""
+    import torch
+    from transformers import AutoProcessor, MiniCPMV4_6ForConditionalGeneration
+
     model = MiniCPMV4_6ForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32)
     processor = AutoProcessor.from_pretrained(tiny_checkpoint)
     ids = processor.tokenizer("Please calculate 23 x 47 step by step.", return_tensors="pt").input_ids
@@ -70,6 +74,9 @@ def test_tiny_config_is_the_tiny_checkpoint_without_its_weights(tiny_config, tin
 
 def test_full_preset_has_the_released_model_shapes(tmp_path):
     """Built on the meta device (no memory, no time): ~1.3B parameters, the shapes of docs/design/model.md, "Architecture and shapes"."""
+    import torch
+    from transformers import MiniCPMV4_6ForConditionalGeneration
+
     tokenizer = checkpoint.build_tokenizer(tmp_path)
     config = checkpoint.build_config(checkpoint.PRESETS["full"], tokenizer)
     with torch.device("meta"):
@@ -120,6 +127,8 @@ def test_full_preset_tokenizer_has_the_released_vocabulary_and_ids(tmp_path):
 
 
 def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_config):
+    from transformers import AutoProcessor
+
     processor = AutoProcessor.from_pretrained(tiny_config)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
     on = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -132,6 +141,8 @@ def test_chat_template_thinks_by_default_and_can_be_turned_off(tiny_config):
 
 
 def test_generation_config_stops_on_im_end(tiny_config):
+    from transformers import AutoProcessor
+
     tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     stops = json.loads((tiny_config / "generation_config.json").read_text())["eos_token_id"]
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
@@ -140,6 +151,8 @@ def test_generation_config_stops_on_im_end(tiny_config):
 @pytest.mark.parametrize("token", ["<think>", "</think>", "<|image_pad|>", "<slice>", "<image_id>", "<tool_call>",
                                    "</tool_call>", "<tool_response>", "</tool_response>"])
 def test_special_tokens_are_single_tokens(tiny_config, token):
+    from transformers import AutoProcessor
+
     tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     assert len(tokenizer(token, add_special_tokens=False).input_ids) == 1
 
@@ -148,6 +161,8 @@ def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tin
     """Tools in the system turn, an assistant call exactly as vLLM's qwen3_coder parser reads it
     (the format tests/test_tool_parsing.py feeds the parser), results as <tool_response> in a user
     turn, the thinking of the current tool loop kept, older thinking dropped."""
+    from transformers import AutoProcessor
+
     import tool_parsing_harness as harness
 
     tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
@@ -176,6 +191,8 @@ def test_chat_template_renders_tools_calls_and_results_in_qwen3_coder_format(tin
 def test_an_unfinished_thought_continues_the_generation_prompt(tiny_config):
     """`continue_final_message` with an assistant message `<think>\\n...` (how the parity tool
     teacher-forces a reasoning continuation) renders the generation prompt, then the text."""
+    from transformers import AutoProcessor
+
     tokenizer = AutoProcessor.from_pretrained(tiny_config).tokenizer
     user = [{"role": "user", "content": "What is 2+3?"}]
     prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
