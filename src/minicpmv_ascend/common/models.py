@@ -1,0 +1,84 @@
+"""The MiniCPM-V models this kit serves: one declaration per model, keyed by config.json's
+`model_type`. Everything that differs between them is derived from here (the launcher's defaults
+and checks, the random checkpoint presets, the host-side checkpoint check, the weights script's
+names; tests/test_models.py keeps scripts/download_weights.sh equal to it).
+
+Standard library, Python 3.7 (scripts/verify_model_dir.py runs on an Ascend host's own Python).
+"""
+
+from collections import OrderedDict, namedtuple
+
+Model = namedtuple("Model", [
+    "model_type",            # config.json `model_type`
+    "name",                  # what the logs and errors call it
+    "architecture",          # config.json `architectures[0]`: vLLM's registry key
+    "transformers_config",   # the transformers class vLLM's model code imports
+    "transformers_min",      # the first transformers release that has it
+    "vllm_min",              # the first vLLM release whose model code has it
+    "served_model_name",     # the `model` clients send, by default
+    "thinking_switch",       # True: one checkpoint, thinking on or off per request
+    "modelscope_id",         # the default download (scripts/download_weights.sh)
+    "sources",               # where the facts above come from
+])
+
+MODELS = OrderedDict((m.model_type, m) for m in (
+    Model(
+        model_type="minicpmv4_6",
+        name="MiniCPM-V 4.6",
+        architecture="MiniCPMV4_6ForConditionalGeneration",
+        transformers_config="MiniCPMV4_6Config",
+        transformers_min="5.7.0",
+        vllm_min="0.23.0",
+        served_model_name="minicpm-v-4.6-thinking",
+        # The Thinking checkpoint thinks; `enable_thinking: false` in its template empties the
+        # reasoning. The Instruct checkpoint (OpenBMB/MiniCPM-V-4.6) is a separate download.
+        thinking_switch=False,
+        modelscope_id="OpenBMB/MiniCPM-V-4.6-Thinking",
+        sources="docs/design/model.md",
+    ),
+    Model(
+        model_type="minicpmv4_7",
+        name="MiniCPM-V 4.7",
+        architecture="MiniCPMV4_7ForConditionalGeneration",
+        transformers_config="MiniCPMV4_7Config",
+        transformers_min="5.18.0",
+        vllm_min="0.32.0",
+        served_model_name="minicpm-v-4.7",
+        thinking_switch=True,
+        modelscope_id="OpenBMB/MiniCPM-V-4.7",
+        sources=("transformers 5.18.0 is the first wheel with models/minicpmv4_7 (5.17.0 has none); "
+                 "vLLM 0.32.0's sdist is the first with model_executor/models/minicpmv4_7.py (0.31.0 has "
+                 "none); the repository name is transformers' `openbmb/MiniCPM-V-4.7` docstring "
+                 "checkpoint, its ModelScope twin is open (docs/design/model.md)"),
+    ),
+))
+DEFAULT_MODEL_TYPE = "minicpmv4_6"
+
+
+def model_for_config(config):
+    """The declared model a config.json (a dict) describes, or None."""
+    if not isinstance(config, dict):
+        return None
+    model = MODELS.get(config.get("model_type"))
+    if model is not None:
+        return model
+    architectures = config.get("architectures") or []
+    for model in MODELS.values():
+        if model.architecture in architectures:
+            return model
+    return None
+
+
+def version_tuple(version):
+    """'0.32.0rc1' -> (0, 32, 0): the release numbers, enough to compare with a model's minimum."""
+    parts = []
+    for piece in str(version).split(".")[:3]:
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        parts.append(int(digits or 0))
+        if digits != piece:
+            break
+    return tuple(parts + [0] * (3 - len(parts)))
