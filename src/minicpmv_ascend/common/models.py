@@ -6,6 +6,8 @@ names; tests/test_models.py keeps scripts/download_weights.sh equal to it).
 Standard library, Python 3.7 (scripts/verify_model_dir.py runs on an Ascend host's own Python).
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict, namedtuple
 
 Model = namedtuple("Model", [
