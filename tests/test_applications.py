@@ -277,6 +277,20 @@ def test_each_listed_feature_works_on_the_server(client, server, feature):
     CHECKS[feature.key](client, server)
 
 
+# The rows that also run against a MiniCPM-V 4.7 server (issue 24): those whose path 4.7 changes —
+# its chat template and per-request thinking switch (chat, streaming, usage), tool calls and
+# structured output after its reasoning (tools, structured), its processor and canvas M-RoPE
+# (image_data, video). The others are the server's own code, the same for both models, proven above.
+ROWS_47 = ("chat", "streaming", "usage", "tools", "structured", "image_data", "video")
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("feature", ROWS_47)
+def test_feature_rows_work_on_a_minicpmv47_server(server_47, feature):
+    client = openai.OpenAI(base_url=f"{server_47.base_url}/v1", api_key="unused", timeout=180, max_retries=0)
+    CHECKS[feature](client, server_47)
+
+
 class ImageHost:
     """A loopback HTTP server with one PNG; records the paths requested."""
 
