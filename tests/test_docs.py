@@ -227,8 +227,13 @@ def test_what_the_commands_name_exists(name: str) -> None:
                 for flag in re.findall(r"\s(--[a-z][\w-]*)", command):
                     if flag not in help_text(tool.group(1), tool.group(2) or ""):
                         missing.append(f"flag {flag} of {tool.group(1)}")
-    # The target lines of the README (outside blocks) name compose variables too.
+    # The front doors' prose names commands too (the targets, the fleet, Kubernetes): their
+    # repository paths and compose variables.
     if name.startswith("README"):
+        for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", read(name))):
+            for word in re.findall(r"(?:deploy|scripts|env|healthcheck|examples|requirements)/[\w./-]*\w", span):
+                if not (REPO / word).exists():
+                    missing.append(f"file {word}")
         for var in re.findall(r"`([A-Z][A-Z0-9_]+)=[\w.-]+ docker compose", read(name)):
             if var not in compose_variables():
                 missing.append(f"compose variable {var}")
