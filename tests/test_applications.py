@@ -1,7 +1,7 @@
 """What applications use, through the official `openai` client against the real server (shared,
 default settings but for image URLs: `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`).
 
-- One check per row of the README's feature table (minicpmv_ascend.tools.features): a row without a
+- One check per row of the feature table (docs/applications.md) (minicpmv_ascend.tools.features): a row without a
   check, or a check without a row, fails.
 - Tool calling in depth: forced calls (`required`, a named function) well-formed with random
   weights (structured decoding writes the call; the plugin's json-whitespace patch lets it end),
