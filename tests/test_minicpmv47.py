@@ -242,3 +242,38 @@ def test_47_server_serves_under_its_models_name_and_places_images_on_the_canvas(
     log = server_47.log_path.read_text(errors="replace")
     assert "were not initialized" not in log and "MiniCPMV4_7ForConditionalGeneration" in log
     assert "canvas M-RoPE" not in log, [line for line in log.splitlines() if "canvas M-RoPE" in line][:3]
+
+
+# What the plugin's model patches do for 4.7 on vLLM 0.32 (the only vLLM with it; the patch table's
+# CPU column): gdn-state-dtype (a config hook: installed for both architectures) and
+# vit-varlen-attention (wraps 4.6's `get_vision_hidden_states`, which 4.7 inherits) apply; the
+# processing backports (processor-version, image-size-order, vit-merger-flags, max-slice-nums) are
+# not needed on 0.32, for either model; rotary-mrope is for Ascend, and 4.7's config has the
+# `mrope_section` it would add. plugin/README.md, "MiniCPM-V 4.7".
+REACH_47 = """
+import json, os
+import minicpmv_ascend_plugin as plugin
+plugin.register()
+import vllm.model_executor.models.config as config
+import vllm.model_executor.models.minicpmv4_7 as m47
+cls = m47.MiniCPMV4_7ForConditionalGeneration
+entry = config.MODELS_CONFIG_MAP.get(cls.__name__)
+print("RESULT", json.dumps({
+    "vit_varlen": getattr(cls.get_vision_hidden_states, "_minicpmv_ascend_plugin_wraps", None) is not None,
+    "own": sorted(n for n in vars(cls) if not n.startswith("_") or n in ("_drop_vision_last_layer",)),
+    "config_hooks": sorted(getattr(entry, "_minicpmv_ascend_plugin_hooks", {}))}))
+"""
+
+
+@pytest.mark.slow
+def test_the_plugins_model_patches_reach_47_through_what_it_inherits():
+    from support.server import clean_env
+
+    process = subprocess.run([sys.executable, "-c", REACH_47], capture_output=True, text=True, timeout=300,
+                             env=clean_env(), cwd=REPO)
+    assert process.returncode == 0, process.stderr[-3000:]
+    result = json.loads(next(line for line in process.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["vit_varlen"]
+    # 4.7 overrides neither method a model patch wraps: only its canvas and the vision layer count.
+    assert "get_vision_hidden_states" not in result["own"] and "embed_multimodal" not in result["own"]
+    assert {"gdn-state-dtype"} <= set(result["config_hooks"])
