@@ -1,5 +1,5 @@
-"""Fixtures and hooks only: one tiny random checkpoint and the two shared real vLLM CPU servers per
-test session, and the test tiers' plugin (tests/tiers.py). How a server is started, and the shared
+"""Fixtures and hooks only: the tiny random checkpoints (MiniCPM-V 4.6; 4.7) and the shared real
+vLLM CPU servers per test session (two of 4.6, one of 4.7), and the test tiers' plugin (tests/tiers.py). How a server is started, and the shared
 servers' settings, are in tests/support/server.py; every other shared helper is in tests/support/.
 """
 
@@ -23,6 +23,14 @@ def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     from minicpmv_ascend.checkpoint import generate
 
     return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_47(tmp_path_factory) -> pathlib.Path:
+    """The tiny random MiniCPM-V 4.7 checkpoint (`minicpmv-make-checkpoint --model minicpmv4_7`)."""
+    from minicpmv_ascend.checkpoint import generate
+
+    return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv47-tiny", "tiny", seed=0, model_type="minicpmv4_7")
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +95,25 @@ def other_server(tiny_checkpoint, other_server_files):
     try:
         ready_s = srv.wait_ready(api_key=OTHER_SERVER_KEY)
         print(f"\nother shared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server_47(tiny_checkpoint_47, tmp_path_factory):
+    """A shared server of the MiniCPM-V 4.7 checkpoint, all defaults (its served name is the model's:
+    the launcher derives it), per-request processor options trusted (the 4x / 16x placeholders);
+    started only when a test asks for it. Tests only send it requests."""
+    from minicpmv_ascend.common.models import MODELS
+
+    srv = start_server(tiny_checkpoint_47, tmp_path_factory.mktemp("server-47") / "server.log",
+                       "--trust-request-mm-kwargs")
+    srv.model = MODELS["minicpmv4_7"].served_model_name  # not set: the launcher's default for 4.7
+    tiers.allow_shared_server(srv.process.pid)
+    try:
+        ready_s = srv.wait_ready()
+        print(f"\nshared MiniCPM-V 4.7 server ready in {ready_s:.1f} s on port {srv.port}")
         yield srv
     finally:
         srv.stop()

@@ -1,7 +1,7 @@
 """What applications use, through the official `openai` client against the real server (shared,
 default settings but for image URLs: `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`).
 
-- One check per row of the README's feature table (minicpmv_ascend.tools.features): a row without a
+- One check per row of the feature table (docs/applications.md) (minicpmv_ascend.tools.features): a row without a
   check, or a check without a row, fails.
 - Tool calling in depth: forced calls (`required`, a named function) well-formed with random
   weights (structured decoding writes the call; the plugin's json-whitespace patch lets it end),
@@ -275,6 +275,20 @@ def test_every_feature_row_has_a_check_and_every_check_a_row():
 @pytest.mark.parametrize("feature", features.FEATURES, ids=lambda f: f.key)
 def test_each_listed_feature_works_on_the_server(client, server, feature):
     CHECKS[feature.key](client, server)
+
+
+# The rows that also run against a MiniCPM-V 4.7 server (issue 24): those whose path 4.7 changes —
+# its chat template and per-request thinking switch (chat, streaming, usage), tool calls and
+# structured output after its reasoning (tools, structured), its processor and canvas M-RoPE
+# (image_data, video). The others are the server's own code, the same for both models, proven above.
+ROWS_47 = ("chat", "streaming", "usage", "tools", "structured", "image_data", "video")
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("feature", ROWS_47)
+def test_feature_rows_work_on_a_minicpmv47_server(server_47, feature):
+    client = openai.OpenAI(base_url=f"{server_47.base_url}/v1", api_key="unused", timeout=180, max_retries=0)
+    CHECKS[feature](client, server_47)
 
 
 class ImageHost:

@@ -132,7 +132,7 @@ def test_the_ascend_env_file_is_every_targets_and_points_to_the_defaults() -> No
     """One settings file for every target and variant (the image carries the target): its header
     says so, where the other settings are documented, and how to turn on decode graphs."""
     header = ASCEND_ENV.read_text().split("\n\n", 1)[0]
-    assert "A2 and A3 alike" in header and "README.md \"Configuration\"" in header
+    assert "A2 and A3 alike" in header and "docs/configuration.md \"Every setting\"" in header
     assert "python -m minicpmv_ascend.settings --markdown" in header and "--dry-run" in header
     assert 'COMPILATION_CONFIG={"cudagraph_mode":"FULL_DECODE_ONLY"}' in header
     assert not any(tag in ASCEND_ENV.read_text() for tag in TARGETS_TABLE["targets"]), "no target named"
@@ -141,7 +141,7 @@ def test_the_ascend_env_file_is_every_targets_and_points_to_the_defaults() -> No
 def test_readme_names_the_default_target_and_the_table() -> None:
     """The README names the default and every other final release's build argument; a pre-release
     (opt-in) is named with its build argument by the generated Targets section."""
-    section = REPO.joinpath("README.md").read_text().split("## Deploy on Ascend", 1)[1].split("\n## ", 1)[0]
+    section = REPO.joinpath("README.md").read_text().split("## On Ascend", 1)[1].split("\n## ", 1)[0]
     default = TARGETS_TABLE["default"]
     assert f"{default} (vLLM {TARGETS_TABLE['targets'][default]['vllm']}" in section
     assert f"minicpmv-ascend:{default}-a2" in section and "deploy/ascend-targets.yaml" in section

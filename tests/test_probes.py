@@ -213,6 +213,16 @@ def test_hung_server_times_out(mode: str, silent_port: int) -> None:
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("mode", ("ready", "smoke"))
+def test_probe_without_a_model_name_probes_the_one_served(server_47: Any, mode: str) -> None:
+    """SERVED_MODEL_NAME unset or `auto` (the launcher's default names the server after its model:
+    minicpm-v-4.7 here): the probe takes the one model /v1/models lists; a wrong name would 404."""
+    for env in ({}, {"SERVED_MODEL_NAME": "auto"}):
+        result, _ = run_probe(mode, "--url", server_47.base_url, env=env)
+        assert result.returncode == 0, (env, result.stderr)
+
+
+@pytest.mark.server
 def test_ready_fails_for_a_model_not_served(server: Any) -> None:
     result, _ = run_probe("ready", "--url", server.base_url, "--model", "not-this-model")
     assert result.returncode == 1

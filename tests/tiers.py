@@ -34,7 +34,7 @@ import pytest
 
 MARKERS = ("server", "engine", "slow", "py312")
 VLLM_TITLE = "VLLM::"  # how vLLM titles its engine and worker processes (tests/test_tiers.py swaps it)
-SHARED_SERVERS = {"server", "other_server"}  # the fixtures of tests/conftest.py
+SHARED_SERVERS = {"server", "other_server", "server_47"}  # the fixtures of tests/conftest.py
 POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
 PY312_VENV = "/.venv-py312/"  # in the command line of a process of the 3.12 venv (tests/test_tiers.py swaps it)
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch

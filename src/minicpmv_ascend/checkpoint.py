@@ -1,4 +1,4 @@
-"""Write a random-weight MiniCPM-V 4.6 (Thinking) checkpoint that HF transformers and vLLM load.
+"""Write a random-weight MiniCPM-V 4.6 (Thinking) or 4.7 checkpoint that HF transformers and vLLM load.
 
 The weights are random: the model's answers are noise. It exists so the serving stack can be run
 and tested for real without the released weights (no model hub is reachable here).
@@ -7,8 +7,12 @@ Presets:
   tiny  a few MB, loads in seconds: tests and `make serve`.
   full  the released model's shapes (~1.3B parameters): honest speed numbers in benchmarks.
 
+Models (`--model`, a `model_type` of minicpmv_ascend.common.models): minicpmv4_6 (the default) or
+minicpmv4_7 (the same towers; its config adds the canvas M-RoPE fields: the layout token ids,
+`mrope_mode`, and M-RoPE sections in the text tower's rope parameters).
+
 Both use the released model's parameter names (they come from transformers' own
-MiniCPMV4_6ForConditionalGeneration), its config layout, a byte-level BPE tokenizer with the
+MiniCPMV4_6ForConditionalGeneration / MiniCPMV4_7ForConditionalGeneration), its config layout, a byte-level BPE tokenizer with the
 Qwen-style and MiniCPM layout special tokens, the Thinking chat template, processor configs and a
 generation config with stop tokens. Output is deterministic for a given seed.
 
@@ -27,6 +31,8 @@ import functools
 import json
 import pathlib
 import sys
+
+from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE, MODELS
 
 # Special tokens in the order Qwen3.5 tokenizers add them, plus MiniCPM-V's layout tokens.
 # (text, special): `special` tokens are dropped by `skip_special_tokens`; the thinking and tool
@@ -410,8 +416,10 @@ def build_tokenizer(out_dir: pathlib.Path, vocab_size: int | None = None):
     return PreTrainedTokenizerFast.from_pretrained(out_dir)
 
 
-def build_config(preset: Preset, tokenizer):
-    from transformers import MiniCPMV4_6Config
+def build_config(preset: Preset, tokenizer, model_type: str = DEFAULT_MODEL_TYPE):
+    import transformers
+
+    model = MODELS[model_type]
 
     ids = {text: tokenizer.convert_tokens_to_ids(text) for text, _ in SPECIAL_TOKENS}
     vocab = preset.vocab_size or len(tokenizer)
@@ -442,6 +450,21 @@ def build_config(preset: Preset, tokenizer):
         "pad_token_id": ids["<|endoftext|>"],
         "dtype": "bfloat16",
     }
+    canvas: dict = {}
+    if model.thinking_switch:  # 4.7: canvas M-RoPE (vLLM's minicpmv4_7.py, transformers' get_rope_index)
+        # Qwen3.5's interleaved M-RoPE over the rotary half of each head: the released 0.8B text
+        # tower (head_dim 256, partial_rotary_factor 0.25) has 32 rotary pairs, [11, 11, 10].
+        pairs = int(preset.text_head_dim * 0.25) // 2
+        base, rest = divmod(pairs, 3)
+        section = [base + (rest > 0), base + (rest > 1), base]
+        text_config["rope_parameters"] |= {"mrope_section": section, "mrope_interleaved": True}
+        newline = tokenizer.encode("\n", add_special_tokens=False)
+        canvas = {"image_start_id": ids["<image>"], "image_end_id": ids["</image>"],
+                  "slice_start_id": ids["<slice>"], "slice_end_id": ids["</slice>"],
+                  "newline_id": newline[0],
+                  # What vLLM reads to place image tokens on the canvas (`_init_canvas_mrope`);
+                  # transformers always does. Without it vLLM falls back to sequential positions.
+                  "mrope_mode": "canvas"}
     vision_config = {
         "hidden_size": preset.vision_hidden,
         "intermediate_size": preset.vision_intermediate,
@@ -452,7 +475,7 @@ def build_config(preset: Preset, tokenizer):
         "hidden_act": "gelu_pytorch_tanh",
         "layer_norm_eps": 1e-6,
     }
-    return MiniCPMV4_6Config(
+    return getattr(transformers, model.transformers_config)(
         text_config=text_config,
         vision_config=vision_config,
         insert_layer_id=preset.insert_layer_id,
@@ -461,19 +484,20 @@ def build_config(preset: Preset, tokenizer):
         video_token_id=ids["<|video_pad|>"],
         tie_word_embeddings=preset.tie_word_embeddings,
         downsample_mode="16x",
-        architectures=["MiniCPMV4_6ForConditionalGeneration"],
+        architectures=[model.architecture],
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         dtype="bfloat16",
+        **canvas,
     )
 
 
 def build_model(config, preset: Preset, seed: int):
     import torch
-    from transformers import MiniCPMV4_6ForConditionalGeneration
+    import transformers
 
     torch.manual_seed(seed)
-    model = MiniCPMV4_6ForConditionalGeneration(config)
+    model = getattr(transformers, config.architectures[0])(config)
     with torch.no_grad():
         # Norm weights of Qwen3.5 are stored as offsets from 1 and default to zeros; a small random
         # perturbation of every parameter makes each one matter, so a corrupted or skipped tensor
@@ -485,11 +509,14 @@ def build_model(config, preset: Preset, seed: int):
     return model.to(torch.bfloat16)
 
 
-def save_processor(out_dir: pathlib.Path, tokenizer) -> None:
-    from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6Processor, MiniCPMV4_6VideoProcessor
+def save_processor(out_dir: pathlib.Path, tokenizer, model_type: str = DEFAULT_MODEL_TYPE) -> None:
+    import transformers
+    from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6VideoProcessor
 
-    # The released model's defaults: 448 px base resolution, up to 9 slices, 16x downsampling.
-    processor = MiniCPMV4_6Processor(
+    # The released model's defaults: 448 px base resolution, up to 9 slices, 16x downsampling. 4.7
+    # keeps 4.6's image and video processors (transformers' auto mappings name them for minicpmv4_7).
+    processor_class = MODELS[model_type].transformers_config.replace("Config", "Processor")
+    processor = getattr(transformers, processor_class)(
         image_processor=MiniCPMV4_6ImageProcessor(),
         video_processor=MiniCPMV4_6VideoProcessor(),
         tokenizer=tokenizer,
@@ -511,26 +538,27 @@ def write_generation_config(out_dir: pathlib.Path, tokenizer) -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-README_TEXT = """# Random-weight MiniCPM-V 4.6 checkpoint ({preset})
+README_TEXT = """# Random-weight {name} checkpoint ({preset})
 
-Generated by `minicpmv-make-checkpoint --preset {preset} --seed {seed}`.
+Generated by `minicpmv-make-checkpoint --model {model_type} --preset {preset} --seed {seed}`.
 The weights are RANDOM: every answer this model gives is noise. It has the released model's
 architecture and parameter names so that the serving stack can be exercised without the real
-weights. To serve the real model, point MODEL_PATH at a download of OpenBMB/MiniCPM-V-4.6-Thinking.
+weights. To serve the real model, point MODEL_PATH at a download of {modelscope_id}.
 """
 
 
-def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0) -> pathlib.Path:
+def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0,
+             model_type: str = DEFAULT_MODEL_TYPE) -> pathlib.Path:
     """Write the checkpoint into `out_dir` (created; existing files are overwritten)."""
-    preset = PRESETS[preset_name]
+    preset, model = PRESETS[preset_name], MODELS[model_type]
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out_dir, preset.vocab_size)
-    config = build_config(preset, tokenizer)
-    model = build_model(config, preset, seed)
-    model.save_pretrained(out_dir)
-    save_processor(out_dir, tokenizer)
+    config = build_config(preset, tokenizer, model_type)
+    build_model(config, preset, seed).save_pretrained(out_dir)
+    save_processor(out_dir, tokenizer, model_type)
     write_generation_config(out_dir, tokenizer)
-    (out_dir / "README.md").write_text(README_TEXT.format(preset=preset_name, seed=seed))
+    (out_dir / "README.md").write_text(README_TEXT.format(
+        name=model.name, model_type=model_type, preset=preset_name, seed=seed, modelscope_id=model.modelscope_id))
     for path in out_dir.iterdir():  # safetensors writes 0600: a non-root server could not read it
         path.chmod(0o644)
     return out_dir
@@ -539,11 +567,13 @@ def generate(out_dir: pathlib.Path, preset_name: str = "tiny", seed: int = 0) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=pathlib.Path, help="directory to write the checkpoint into")
+    parser.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL_TYPE,
+                        help="which MiniCPM-V (its config.json model_type; default %(default)s)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    generate(args.out_dir, args.preset, args.seed)
-    print(f"wrote random-weight MiniCPM-V 4.6 ({args.preset}, seed {args.seed}) to {args.out_dir}")
+    generate(args.out_dir, args.preset, args.seed, args.model)
+    print(f"wrote random-weight {MODELS[args.model].name} ({args.preset}, seed {args.seed}) to {args.out_dir}")
     return 0
 
 

@@ -37,7 +37,9 @@ from minicpmv_ascend.common.api_key import ApiKeyError, api_key_from_env
 from minicpmv_ascend.common.http import Client, RequestFailed, parse_json
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
-DEFAULT_MODEL = "minicpm-v-4.6-thinking"
+# SERVED_MODEL_NAME unset or `auto` (the launcher's default: the checkpoint's model decides the
+# name): the probe takes the one model /v1/models lists.
+AUTO_MODEL = "auto"
 DEFAULT_TIMEOUT = {"live": 10.0, "ready": 10.0, "smoke": 60.0}
 TEXT_QUESTION = "What is 2+3? Answer with a number."
 IMAGE_QUESTION = "What colour is the square?"
@@ -116,14 +118,22 @@ def check_health(client: Client) -> dict[str, Any]:
     return {"status": status}
 
 
-def check_models(client: Client, model: str) -> dict[str, Any]:
+def served_models(client: Client) -> list[str]:
     _, body = client.get("/v1/models")
     listing = parse_json(body, "GET /v1/models")
     data = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(data, list):
         raise ProbeFailure("GET /v1/models: missing field 'data' (not an OpenAI model list)")
-    served = [str(entry.get("id")) for entry in data if isinstance(entry, dict)]
-    if model not in served:
+    return [str(entry.get("id")) for entry in data if isinstance(entry, dict)]
+
+
+def check_models(client: Client, model: str) -> dict[str, Any]:
+    served = served_models(client)
+    if model == AUTO_MODEL:
+        if len(served) != 1:
+            raise ProbeFailure(f"GET /v1/models: {len(served)} models served ({', '.join(served) or 'none'}); "
+                               "name the one to probe with --model or SERVED_MODEL_NAME")
+    elif model not in served:
         raise ProbeFailure(
             f"GET /v1/models: model {model!r} is not served (served: {', '.join(served) or 'none'})"
         )
@@ -329,6 +339,8 @@ def run_mode(options: argparse.Namespace, client: Client, report: Report) -> Non
     if options.mode == "ready":
         report.run("models", lambda: check_models(client, model))
     if options.mode == "smoke":
+        if model == AUTO_MODEL:
+            model = report.run("models", lambda: check_models(client, model))["served"][0]
         image_url = png_data_url(square_png())
         results: dict[str, dict[str, Any]] = {}
         for case in smoke_cases(options):
@@ -374,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="server root, e.g. http://127.0.0.1:8000 "
                         "(default: http://127.0.0.1:$PORT, PORT defaults to 8000)")
-    common.add_argument("--model", default=os.environ.get("SERVED_MODEL_NAME") or DEFAULT_MODEL,
-                        help="served model name (default: $SERVED_MODEL_NAME or %(default)s)")
+    common.add_argument("--model", default=os.environ.get("SERVED_MODEL_NAME") or AUTO_MODEL,
+                        help="served model name (default: $SERVED_MODEL_NAME, else auto: the one model "
+                        "/v1/models lists)")
     common.add_argument("--timeout", type=_positive(float),
                         help="seconds per request (default: 10 for live/ready, 60 for smoke)")
     common.add_argument("--json", action="store_true",

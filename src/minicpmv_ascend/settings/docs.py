@@ -1,5 +1,6 @@
-"""The configuration reference: the Markdown table README.md embeds
-(`python -m minicpmv_ascend.settings --markdown`; tests/test_readme.py keeps it in sync).
+"""The configuration reference: the Markdown table docs/configuration.md embeds
+(`python -m minicpmv_ascend.settings --markdown`; tests/test_doc_tables.py keeps it in sync, through
+the registry in minicpmv_ascend.tools.doc_tables).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _doc_flag(setting: Setting) -> str:
 
 
 def markdown_table() -> str:
-    """The configuration reference (README embeds it verbatim)."""
+    """The configuration reference (docs/configuration.md embeds it verbatim)."""
     rows = ["| YAML key | env var | vLLM flag | type | default | description |",
             "|---|---|---|---|---|---|"]
     for s in SETTINGS:

@@ -17,6 +17,7 @@ from typing import Any
 from minicpmv_ascend import vllm_source
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
+from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE, MODELS, Model, model_for_config
 from minicpmv_ascend.server import access, media_urls, request_guard
 from minicpmv_ascend.settings import checks
 from minicpmv_ascend.settings.layers import Resolution
@@ -52,6 +53,7 @@ class Plan:
     model: str  # what vLLM gets as MODEL
     model_dir: pathlib.Path | None  # local directory (None for a ModelScope id)
     embedded: bool  # the random-weight tiny checkpoint
+    served: Model  # which MiniCPM-V (common.models), from config.json
     effective: dict[str, Any]  # value used after resolving auto / none / conditions
     vllm_args: list[str]  # everything after `vllm serve`
     api_key: str | None
@@ -98,9 +100,24 @@ def _locate_model(resolution: Resolution, environ: Mapping[str, str]) -> tuple[s
                 "a model id such as OpenBMB/MiniCPM-V-4.6-Thinking")
 
 
-def _effective(resolution: Resolution, config: Mapping[str, Any]) -> dict[str, Any]:
+def _served_model(model: str, config: Mapping[str, Any]) -> Model:
+    """The declared model of a checkpoint's config.json; for a ModelScope id without one, the model
+    whose download it is; else the default (4.6)."""
+    declared = model_for_config(dict(config))
+    if declared is None:
+        declared = next((m for m in MODELS.values() if m.modelscope_id.lower() == model.lower()), None)
+    return declared or MODELS[DEFAULT_MODEL_TYPE]
+
+
+def _effective(resolution: Resolution, config: Mapping[str, Any], served: Model) -> dict[str, Any]:
     """Turn auto / none / conditional settings into what vLLM is given (None = not passed)."""
     eff = {name: v.value for name, v in resolution.values.items()}
+    if eff["served_model_name"] == "auto":
+        eff["served_model_name"] = served.served_model_name
+    # auto: the model's own default, made explicit where the model has a switch (4.7), so that its
+    # chat template and the reasoning parser agree whatever the released template's default is.
+    thinking = {"auto": True if served.thinking_switch else None, "on": True, "off": False}[eff["default_thinking"]]
+    eff["default_thinking"] = None if thinking is None else {"enable_thinking": thinking}
     if eff["reasoning_parser"] == "auto":
         eff["reasoning_parser"] = auto_reasoning_parser()
     elif eff["reasoning_parser"].lower() == "none":
@@ -183,6 +200,7 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     api_key = _read_api_key(resolution)
     model, model_dir, embedded = _locate_model(resolution, environ)
     config: dict[str, Any] = {}
+    served = MODELS[DEFAULT_MODEL_TYPE]
     if model_dir is not None and model_dir.is_dir():
         problems = checkpoint_problems(model_dir)
         if problems:
@@ -191,11 +209,14 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                         "finish or repeat the download (all files of the model repository), or "
                         f"point {fix_where(setting, value)} at a complete checkpoint")
         config = checks.read_checkpoint_config(model_dir, resolution.values["model_path"])
+        served = _served_model(model, config)
         checks.check_checkpoint(resolution, model_dir, config)
+        checks.check_model_in_vllm(resolution, served)
     elif embedded:
         notes.append(f"the embedded checkpoint {model_dir} is not generated yet: a real start "
                      "generates it (checks against its config.json run then)")
     else:
+        served = _served_model(model, config)
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
     checks.check_devices(resolution, platform, environ, dev_dir)
     if platform == "ascend":
@@ -203,7 +224,7 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     checks.check_platform(resolution, platform)
     checks.check_compilation_config(resolution)
     checks.check_local_media(resolution)
-    effective = _effective(resolution, config)
+    effective = _effective(resolution, config, served)
     checks.check_tool_calling(resolution, effective)
     # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
     # allowed host could lead anywhere (an internal address, SSRF). In public mode every hop is
@@ -222,7 +243,7 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
         env_defaults |= cpu_env_defaults(usable_cpus())
     if (pythonpath := _package_pythonpath(environ)) is not None:
         env_defaults["PYTHONPATH"] = pythonpath
-    return Plan(resolution, platform, model, model_dir, embedded, effective,
+    return Plan(resolution, platform, model, model_dir, embedded, served, effective,
                 build_vllm_args(model, effective, resolution.passthrough), api_key, env_defaults, notes)
 
 

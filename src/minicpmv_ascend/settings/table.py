@@ -27,6 +27,7 @@ from minicpmv_ascend.settings.types import (
     NonEmpty,
     Port,
     Seconds,
+    Thinking,
     ToolStrictLevel,
 )
 
@@ -104,8 +105,10 @@ SETTINGS: tuple[Setting, ...] = (
         "(answers are noise; for testing the stack only).",
         emit="positional", flag="--model",
     ),
-    Setting("served_model_name", NonEmpty, "minicpm-v-4.6-thinking",
-            "Model name clients send in the `model` field.", flag="--served-model-name"),
+    Setting("served_model_name", NonEmpty, "auto",
+            "Model name clients send in the `model` field. auto: the checkpoint's model "
+            "(minicpm-v-4.6-thinking for MiniCPM-V 4.6, minicpm-v-4.7 for 4.7: config.json `model_type`).",
+            flag="--served-model-name"),
     Setting("host", NonEmpty, "0.0.0.0", "Address the API server listens on.", flag="--host"),
     Setting("port", Port, 8000, "TCP port of the API server.", flag="--port"),
     Setting("dtype", DType, "bfloat16",
@@ -157,6 +160,11 @@ SETTINGS: tuple[Setting, ...] = (
             "supported vLLM, 0.23 included: `reasoning_content` is not served). auto: `minicpmv` if this vLLM "
             "has it, else `qwen3`; none: disabled; or any parser name vLLM knows.",
             flag="--reasoning-parser"),
+    Setting("default_thinking", Thinking, "auto",
+            "Whether a request that does not say (`chat_template_kwargs.enable_thinking`) thinks. auto: "
+            "the model's default (on: 4.6 Thinking always thinks, 4.7 thinks unless asked not to); on or "
+            "off: passed to vLLM as --default-chat-template-kwargs, so the chat template and the "
+            "reasoning parser agree on it.", emit="json", flag="--default-chat-template-kwargs"),
     Setting("limit_mm_per_prompt", MediaLimits, {"image": 5, "video": 2},
             "Most images / videos per request (JSON object in env).",
             emit="json", flag="--limit-mm-per-prompt"),

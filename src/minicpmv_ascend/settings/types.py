@@ -79,6 +79,7 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
 ToolStrictLevel = Literal["auto", "function", "parameter"]
+Thinking = Literal["auto", "on", "off"]
 
 
 MediaLimits = Annotated[

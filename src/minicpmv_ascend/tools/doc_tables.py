@@ -46,8 +46,8 @@ class Table:
 
 
 TABLES: tuple[Table, ...] = (
-    Table("settings-table", ("README.md",), "minicpmv_ascend.settings.docs:markdown_table"),
-    Table("features-table", ("README.md", "docs/applications.md"), "minicpmv_ascend.tools.features:markdown"),
+    Table("settings-table", ("docs/configuration.md",), "minicpmv_ascend.settings.docs:markdown_table"),
+    Table("features-table", ("docs/applications.md",), "minicpmv_ascend.tools.features:markdown"),
     Table("targets-table", ("docs/deploy-ascend.md",), "minicpmv_ascend.tools.doc_tables:targets_markdown"),
     Table("access-tables", ("docs/reliability.md",), "minicpmv_ascend.access:markdown"),
     Table("bad-config-table", ("docs/reliability.md",), "support.bad_config:markdown_table"),

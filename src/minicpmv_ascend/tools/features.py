@@ -1,8 +1,8 @@
 """What an application can rely on: the OpenAI API features this deployment serves.
 
 One declaration (API features, then the client frameworks applications use; the columns in
-COLUMNS), two uses: README.md and docs/applications.md embed the table
-(`python -m minicpmv_ascend.tools.features --markdown`, tests/test_readme.py keeps them in sync), and
+COLUMNS), two uses: docs/applications.md embeds the table, its one page
+(`python -m minicpmv_ascend.tools.features --markdown`; tests/test_doc_tables.py keeps it in sync), and
 tests/test_applications.py runs one check per row against the real server with the official
 `openai` client (a row without a check, or a check without a row, fails that test).
 """
@@ -98,7 +98,7 @@ def markdown() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the OpenAI API features this deployment serves")
-    parser.add_argument("--markdown", action="store_true", help="print the table README.md embeds")
+    parser.add_argument("--markdown", action="store_true", help="print the table docs/applications.md embeds")
     if parser.parse_args(argv).markdown:
         sys.stdout.write(markdown())
     else:

@@ -119,13 +119,14 @@ class HFReference:
     def __init__(self, path: pathlib.Path):
         import torch
         import transformers
-        from transformers import AutoProcessor, MiniCPMV4_6ForConditionalGeneration
+        from transformers import AutoModelForImageTextToText, AutoProcessor
 
         transformers.logging.set_verbosity_error()
         self.torch = torch
         self.label = f"hf:{path} (transformers {transformers.__version__}, fp32, CPU)"
         self.processor = AutoProcessor.from_pretrained(path)
-        self.model = MiniCPMV4_6ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+        # The class config.json names (MiniCPMV4_6... or MiniCPMV4_7ForConditionalGeneration).
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = self.processor.tokenizer
         vocab = tokenizer.get_vocab()
         self.marker_ids = {vocab[t] for t in MARKER_TOKENS if t in vocab} | set(tokenizer.all_special_ids)
