@@ -9,6 +9,7 @@
 #   docker build -t minicpmv-ascend:v0.30.0-a2 .                                      # default
 #   docker build --build-arg ASCEND_TARGET=a3 -t minicpmv-ascend:v0.30.0-a3 .        # Atlas A3 (-a3 image)
 #   docker build --build-arg VLLM_ASCEND_VERSION=v0.23.0 -t minicpmv-ascend:v0.23.0-a2 .   # older drivers
+#   docker build --build-arg VLLM_ASCEND_VERSION=v0.32.0rc1 -t minicpmv-ascend:v0.32.0rc1-a2 .   # pre-release: MiniCPM-V 4.7
 # Atlas servers are usually aarch64 (Kunpeng): on another machine, build for theirs with
 #   docker buildx build --platform linux/arm64 -t minicpmv-ascend:v0.30.0-a2 --load .
 # Nothing here is specific to one architecture (vllm-ascend publishes its images for both).
@@ -43,12 +44,14 @@ ARG VLLM_ASCEND_VERSION
 # step may load it: torch/__init__.py skips the entry points when this is 0. An ARG, not an ENV:
 # every RUN below sees it, the running container does not (vllm-ascend loads torch_npu there).
 ARG TORCH_DEVICE_BACKEND_AUTOLOAD=0
-# Installed only when the base image's own transformers cannot serve MiniCPM-V 4.6 (no
-# MiniCPMV4_6Config, outside the range the image's vLLM requires, or 5.21+ with vLLM <= 0.33):
-# scripts/transformers_decision.py decides in the build and logs why. The default is the table's
-# transformers_pin (the same for every target; a test keeps them equal). vllm-ascend v0.23.0 pins
+# Installed only when the base image's own transformers cannot serve the MiniCPM-V models of its vLLM
+# (a config class missing: MiniCPMV4_6Config, and MiniCPMV4_7Config from vLLM 0.32; outside the
+# range the image's vLLM requires; or 5.21+ with vLLM <= 0.33): scripts/transformers_decision.py
+# decides in the build and logs why. Empty (the default): the table's transformers_pin of
+# VLLM_ASCEND_VERSION, each target its own (5.14.1 for v0.30.0 and v0.23.0, 5.19.0 for v0.32.0rc1,
+# whose vLLM requires >=5.16.1,<5.20.0); a version here overrides it. vllm-ascend v0.23.0 pins
 # 5.5.4, which has no MiniCPM-V 4.6; pip then reports the conflict with that pin: expected.
-ARG TRANSFORMERS_VERSION=5.14.1
+ARG TRANSFORMERS_VERSION=""
 # The base image points pip at a mirror in China; pass e.g. https://pypi.org/simple to override.
 ARG PIP_INDEX_URL=""
 # The runtime user, and the GID of the host's HwHiAiUser group (the Ascend driver's owner group:
@@ -72,7 +75,8 @@ RUN apt-get update \
 # This project (one distribution: launcher, probes, the vLLM general plugin) into the image's
 # Python, next to vLLM and vllm-ascend, and the transformers the decision picks (the requirement
 # file is empty when the base image's own is kept). The source is bind-mounted, not copied, so it
-# adds no layer. The build fails unless the kept or installed transformers has MiniCPM-V 4.6 and
+# adds no layer. The build fails unless the kept or installed transformers imports the config
+# classes the decision recorded (every model the image's vLLM serves: common/models.py) and
 # the plugin is registered with vLLM (without it vLLM 0.23 cannot start this model). The decision
 # and its reasons are kept in /opt/minicpmv-ascend/build/ for scripts/ascend_check.py.
 # (DL3013: /tmp/src is a local path, not a registry package.)
@@ -86,7 +90,8 @@ RUN --mount=type=bind,source=.,target=/tmp/src,rw \
         -r /opt/minicpmv-ascend/build/transformers-requirement.txt /tmp/src \
     && python3 /tmp/src/scripts/transformers_decision.py verify \
         --record /opt/minicpmv-ascend/build/transformers-decision.json \
-    && python3 -c "from transformers import MiniCPMV4_6Config" \
+    && python3 /tmp/src/scripts/transformers_decision.py import \
+        --record /opt/minicpmv-ascend/build/transformers-decision.json \
     && python3 -c "from importlib.metadata import entry_points; \
 assert any(e.value.startswith('minicpmv_ascend_plugin') \
 for e in entry_points(group='vllm.general_plugins')), 'plugin not registered'"

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Download MiniCPM-V-4.6-Thinking from ModelScope into a model directory, then verify it.
+# Download a MiniCPM-V model from ModelScope into a model directory, then verify it.
 #
-#   scripts/download_weights.sh [MODEL_DIR]
+#   scripts/download_weights.sh [--model NAME] [MODEL_DIR]
 #
-# MODEL_DIR (argument, or env MODEL_DIR; default ./models) receives MiniCPM-V-4.6-Thinking/: mount
-# MODEL_DIR at /models and set MODEL_PATH=/models/MiniCPM-V-4.6-Thinking (as compose.yaml and
-# env/ascend-*.env do). Per-file progress bars are shown; an interrupted download resumes when run
-# again. Needs the `modelscope` CLI (`pip install modelscope`; the vllm-ascend image has it).
+# NAME (or env MODEL) picks the model by the name the server gives it (or its config.json
+# model_type); the ModelScope repository of each is src/minicpmv_ascend/common/models.py's
+# `modelscope_id` (tests/test_deploy_scripts.py keeps the list below equal to it):
+#   minicpm-v-4.6-thinking  (default; minicpmv4_6)  OpenBMB/MiniCPM-V-4.6-Thinking
+#   minicpm-v-4.7           (minicpmv4_7)           OpenBMB/MiniCPM-V-4.7-1B  (needs the v0.32.0rc1 target)
+# MODEL_DIR (argument, or env MODEL_DIR; default ./models) receives the repository's last name, e.g.
+# MiniCPM-V-4.6-Thinking/: mount MODEL_DIR at /models and set MODEL_PATH=/models/MiniCPM-V-4.6-Thinking
+# (as compose.yaml and env/ascend-*.env do). Per-file progress bars are shown; an interrupted
+# download resumes when run again. Needs the `modelscope` CLI (`pip install modelscope`; the
+# vllm-ascend image has it).
 #
 # Environment:
-#   MODEL_ID        ModelScope model id (default OpenBMB/MiniCPM-V-4.6-Thinking; the instruct
-#                   model is OpenBMB/MiniCPM-V-4.6)
+#   MODEL           the model's name, as --model (default minicpm-v-4.6-thinking)
+#   MODEL_ID        ModelScope model id; overrides the model's (e.g. the 4.6 instruct model,
+#                   OpenBMB/MiniCPM-V-4.6)
 #   MODEL_REVISION  branch, tag or commit to download (default: the repository's default branch)
 #   MODELSCOPE      the modelscope command (default: modelscope)
 #   PYTHON          Python that runs scripts/verify_model_dir.py (default: python3; 3.7 or newer,
@@ -21,14 +28,38 @@
 # weights are a public download; nothing secret is widened.
 #
 # Exit status: 0 downloaded and verified complete; 1 not complete yet (an interrupted or failed
-# download): run it again, it resumes; 2 usage or environment error (no modelscope, MODEL_DIR not
-# writable); 4 downloaded, but this Python could not verify it (the message says how to).
+# download): run it again, it resumes; 2 usage or environment error (an unknown model, no
+# modelscope, MODEL_DIR not writable); 4 downloaded, but this Python could not verify it (the
+# message says how to).
 set -euo pipefail
 umask 022
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+usage="usage: download_weights.sh [--model minicpm-v-4.6-thinking|minicpm-v-4.7] [MODEL_DIR]"
+model="${MODEL:-minicpm-v-4.6-thinking}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --model) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+                 model="$2"; shift 2 ;;
+        --model=*) model="${1#--model=}"; shift ;;
+        -h|--help) echo "$usage"; exit 0 ;;
+        -*) echo "download_weights.sh: unknown option $1; $usage" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
+[ $# -le 1 ] || { echo "download_weights.sh: one MODEL_DIR at most; $usage" >&2; exit 2; }
+
+# One line per declared model: its names, then its ModelScope repository (common/models.py).
+case "$model" in
+    minicpm-v-4.6-thinking|minicpmv4_6) model_repo=OpenBMB/MiniCPM-V-4.6-Thinking ;;
+    minicpm-v-4.7|minicpmv4_7) model_repo=OpenBMB/MiniCPM-V-4.7-1B ;;
+    *) echo "download_weights.sh: unknown model '$model': minicpm-v-4.6-thinking (default) or" \
+            "minicpm-v-4.7 (or MODEL_ID=<ModelScope id> for another repository)" >&2
+       exit 2 ;;
+esac
+
 model_dir="${1:-${MODEL_DIR:-./models}}"
-model_id="${MODEL_ID:-OpenBMB/MiniCPM-V-4.6-Thinking}"
+model_id="${MODEL_ID:-$model_repo}"
 modelscope="${MODELSCOPE:-modelscope}"
 python="${PYTHON:-python3}"
 dest="$model_dir/${model_id##*/}"

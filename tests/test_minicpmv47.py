@@ -102,7 +102,7 @@ def test_the_launcher_derives_name_and_thinking_default_from_model_type(tiny_con
 
 
 def test_a_modelscope_id_or_the_embedded_checkpoint_is_the_model_it_names(tmp_path):
-    for model_id, model in (("OpenBMB/MiniCPM-V-4.7", M47), ("OpenBMB/MiniCPM-V-4.6-Thinking", M46),
+    for model_id, model in ((M47.modelscope_id, M47), (M46.modelscope_id, M46),
                             ("someone/fine-tune", MODELS[DEFAULT_MODEL_TYPE])):
         environ = {"MODEL_PATH": model_id, "VLLM_USE_MODELSCOPE": "true"}
         assert build_plan(resolve([], environ), environ, "cpu").served is model, model_id

@@ -4,7 +4,9 @@ Here vLLM has every upstream fix, so the plugin must load in each vLLM process a
 backport; the Ascend RoPE config it would apply on an NPU must be an exact no-op; its reasoning
 parser table must be vLLM 0.32's own `minicpmv` behaviour; and the check script for NPU users
 must work. The backports themselves are tested against each Ascend target's own vLLM code in
-plugin/tests (`make test` runs them in .venv-vllm030 and .venv-vllm023).
+plugin/tests (`make test` runs them in .venv-vllm030 and .venv-vllm023). This file is also the
+plugin's proof for the pre-release target v0.32.0rc1, whose vLLM release is this stack's
+(deploy/ascend-targets.yaml `test_lock: requirements/cpu.lock`; docs/design/ascend-stack.md).
 """
 
 from __future__ import annotations

