@@ -231,7 +231,7 @@ def test_what_the_commands_name_exists(name: str) -> None:
     # repository paths and compose variables.
     if name.startswith("README"):
         for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", read(name))):
-            for word in re.findall(r"(?:deploy|scripts|env|healthcheck|examples|requirements)/[\w./-]*\w", span):
+            for word in re.findall(r"(?<![\w./])(?:deploy|scripts|env|healthcheck|examples|requirements)/[\w./-]*\w", span):
                 if not (REPO / word).exists():
                     missing.append(f"file {word}")
         for var in re.findall(r"`([A-Z][A-Z0-9_]+)=[\w.-]+ docker compose", read(name)):

@@ -22,7 +22,7 @@ from ._base import LayoutNotFound, package_dir
 from ._import_hook import when_imported
 
 # The architectures of minicpmv_ascend.common.models (the plugin does not import the kit:
-# tests/test_models.py keeps the two equal). 4.7 subclasses 4.6 in vLLM; its config, too, passes
+# tests/test_minicpmv47.py keeps the two equal). 4.7 subclasses 4.6 in vLLM; its config, too, passes
 # through the hooks (each hook decides whether a config needs it).
 ARCHITECTURES = ("MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration")
 CONFIG_MODULE = "vllm.model_executor.models.config"

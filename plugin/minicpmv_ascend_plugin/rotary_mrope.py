@@ -20,6 +20,11 @@ the configuration of Qwen3.5-0.8B, whose path vllm-ascend's CI runs. It is the s
 `--hf-overrides '{"text_config":{"rope_parameters":{"mrope_section":[11,11,10],
 "mrope_interleaved":true}}}'`, done by a config hook so that no launcher flag is needed.
 
+MiniCPM-V 4.7 (the hook is installed for its architecture too): its config carries Qwen3.5's
+`mrope_section` for its canvas 3D M-RoPE, so the hook leaves it alone. A 4.7 config without one
+would get it here, and then vLLM computes 4.7's canvas positions (as transformers does) instead of
+sequential ones: not a no-op for 4.7 (docs/design/ascend-stack.md, "Canvas M-RoPE of MiniCPM-V 4.7").
+
 Applies when: vLLM's platform is Ascend, the build is not 310P, and vllm-ascend's
 patch_qwen3_5.py lacks the #12428 guard; at config time only if the text config has no
 `mrope_section` of its own and uses the default rope type.
