@@ -42,7 +42,7 @@ def test_dry_run_shows_values_sources_and_the_command(tiny_config, tmp_path):
     assert rows["port"].endswith("= 18199  [env PORT]")  # env beats YAML
     assert rows["seed"].endswith(f"= 7  [yaml file {config}]")
     assert rows["max_model_len"].endswith("= 4096  [cli flag --max-model-len]")
-    assert rows["served_model_name"].endswith("= minicpm-v-4.6-thinking  [default]")
+    assert rows["served_model_name"].endswith("= auto -> minicpm-v-4.6-thinking  [default]")  # the model's name
     assert rows["api_key"].endswith(f"= {settings.REDACTED}  [env VLLM_API_KEY]")
     assert SECRET not in out + result.stderr
     command = _command_from(out)

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import reasoning_harness
-from minicpmv_ascend_plugin import PATCHES
+from minicpmv_ascend_plugin import PATCHES, gdn_one_token_prefill
 from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
 from support import raw_http
 from support.server import REPO, clean_env, http_get, start_server
@@ -37,6 +37,12 @@ SKIPPED_AT_REGISTER_032 = {
     "rotary-mrope": r"platform cpu is not Ascend",
     "uvicorn-signals": r"vLLM's [\w/.]+ runs a uvicorn server without uvicorn's signal handlers \(vLLM #50916\)",
 }
+# vLLM-CPU calls its C++ conv kernel (where gdn-one-token-prefill's bug is) only on CPUs with AVX-512
+# BF16 (gdn_attention.py `use_cpp_conv`); elsewhere its Python conv path serves a one-token prompt,
+# and the plugin skips the patch, saying so.
+CPU_RUNS_THE_CONV_KERNEL = "avx512_bf16" in pathlib.Path("/proc/cpuinfo").read_text()
+if not CPU_RUNS_THE_CONV_KERNEL:
+    SKIPPED_AT_REGISTER_032["gdn-one-token-prefill"] = re.escape(gdn_one_token_prefill.NO_KERNEL_HERE)
 MODEL_IMPORT_ORDER = tuple(p.name for p in PATCHES if p.stage == AT_MODEL_IMPORT)
 # Decided at the model import too, and applied on vLLM 0.32 (vit-varlen-attention: its Idefics2
 # encoder still pads and masks).
@@ -248,11 +254,6 @@ def test_one_token_prompt_logprobs_equal_the_longer_prompts(server):
         "model": server.model, "messages": [{"role": "user", "content": ""}], "add_generation_prompt": False})
     assert status == 200 and chat["count"] > 1, chat
     assert http_get(f"{server.base_url}/health")[0] == 200
-
-
-# vLLM-CPU calls its C++ conv kernel (where the bug is) only on CPUs with AVX-512 BF16 (gdn_attention.py
-# `use_cpp_conv`); elsewhere its Python conv path serves a one-token prompt without the plugin.
-CPU_RUNS_THE_CONV_KERNEL = "avx512_bf16" in pathlib.Path("/proc/cpuinfo").read_text()
 
 
 @pytest.mark.engine(engines=1)
