@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -65,9 +66,10 @@ LAST_VLLM_WITH_OLD_CALLS = (0, 33)
 # --------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def _models() -> Any:
     """src/minicpmv_ascend/common/models.py, loaded by path (the build runs before the project is
-    installed; the module is standard library only)."""
+    installed; the module is standard library only), once."""
     spec = importlib.util.spec_from_file_location("minicpmv_models_for_build", MODELS_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
