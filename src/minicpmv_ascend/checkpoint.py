@@ -451,7 +451,7 @@ def build_config(preset: Preset, tokenizer, model_type: str = DEFAULT_MODEL_TYPE
         "dtype": "bfloat16",
     }
     canvas: dict = {}
-    if model.thinking_switch:  # 4.7: canvas M-RoPE (vLLM's minicpmv4_7.py, transformers' get_rope_index)
+    if model.canvas_mrope:  # 4.7 (vLLM's minicpmv4_7.py, transformers' get_rope_index)
         # Qwen3.5's interleaved M-RoPE over the rotary half of each head: the released 0.8B text
         # tower (head_dim 256, partial_rotary_factor 0.25) has 32 rotary pairs, [11, 11, 10].
         pairs = int(preset.text_head_dim * 0.25) // 2

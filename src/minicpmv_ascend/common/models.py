@@ -19,6 +19,7 @@ Model = namedtuple("Model", [
     "vllm_min",              # the first vLLM release whose model code has it
     "served_model_name",     # the `model` clients send, by default
     "thinking_switch",       # True: one checkpoint, thinking on or off per request
+    "canvas_mrope",          # True: canvas 3D M-RoPE (config.json carries the layout token ids)
     "modelscope_id",         # the default download (scripts/download_weights.sh)
     "sources",               # where the facts above come from
 ])
@@ -35,6 +36,7 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         # The Thinking checkpoint thinks; `enable_thinking: false` in its template empties the
         # reasoning. The Instruct checkpoint (OpenBMB/MiniCPM-V-4.6) is a separate download.
         thinking_switch=False,
+        canvas_mrope=False,
         modelscope_id="OpenBMB/MiniCPM-V-4.6-Thinking",
         sources="docs/design/model.md",
     ),
@@ -47,6 +49,7 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         vllm_min="0.32.0",
         served_model_name="minicpm-v-4.7",
         thinking_switch=True,
+        canvas_mrope=True,
         modelscope_id="OpenBMB/MiniCPM-V-4.7-1B",
         sources=("transformers 5.18.0 is the first wheel with models/minicpmv4_7 (5.17.0 has none); "
                  "vLLM 0.32.0's sdist is the first with model_executor/models/minicpmv4_7.py (0.31.0 has "

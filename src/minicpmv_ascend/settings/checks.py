@@ -82,9 +82,15 @@ def check_checkpoint(resolution: Resolution, model_dir: pathlib.Path, config: Ma
                     f"set {fix_where(setting, mml)} to {limit} or less")
 
 
-# The Ascend targets table: the checkout's, else the copy in the image (tools/targets.py reads the same).
+# The Ascend targets table: the checkout's, else the copy in the image. The one reader of its place
+# (tools/targets.py loads it through here too: the runtime never imports the tools).
 TARGETS_TABLES = (pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml",
                   pathlib.Path("/opt/minicpmv-ascend/build/ascend-targets.yaml"))
+
+
+def targets_table_path() -> pathlib.Path:
+    """The first of TARGETS_TABLES that exists, else the image's (a missing file says where)."""
+    return next((p for p in TARGETS_TABLES if p.is_file()), TARGETS_TABLES[-1])
 
 
 def targets_with_vllm(minimum: str) -> list[str]:
@@ -92,8 +98,8 @@ def targets_with_vllm(minimum: str) -> list[str]:
     targets table; empty when the table is not here."""
     import yaml
 
-    path = next((p for p in TARGETS_TABLES if p.is_file()), None)
-    if path is None:
+    path = targets_table_path()
+    if not path.is_file():
         return []
     table = yaml.safe_load(path.read_text(encoding="utf-8"))
     return [tag + (" (pre-release)" if row.get("pre_release") else "")
@@ -111,7 +117,7 @@ def check_model_in_vllm(resolution: Resolution, served: Model) -> None:
              f"VLLM_ASCEND_VERSION={targets[0].split()[0]})" if targets else "an image on such a vLLM")
     raise error(setting, model,
                 f"{model.value or 'the checkpoint'} is {served.name} ({served.architecture}), which needs vLLM >= "
-                f"{served.vllm_min}; this vLLM ({vllm_source.version() or 'unknown version'}) has no "
+                f"{served.vllm_min}; this vLLM ({vllm_source.version()}) has no "
                 f"model_executor/models/{served.model_type}.py",
                 f"serve it on {where}, or point {fix_where(setting, model)} at a model this vLLM has")
 

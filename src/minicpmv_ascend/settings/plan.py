@@ -200,7 +200,6 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     api_key = _read_api_key(resolution)
     model, model_dir, embedded = _locate_model(resolution, environ)
     config: dict[str, Any] = {}
-    served = MODELS[DEFAULT_MODEL_TYPE]
     if model_dir is not None and model_dir.is_dir():
         problems = checkpoint_problems(model_dir)
         if problems:
@@ -209,15 +208,15 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                         "finish or repeat the download (all files of the model repository), or "
                         f"point {fix_where(setting, value)} at a complete checkpoint")
         config = checks.read_checkpoint_config(model_dir, resolution.values["model_path"])
-        served = _served_model(model, config)
         checks.check_checkpoint(resolution, model_dir, config)
-        checks.check_model_in_vllm(resolution, served)
     elif embedded:
         notes.append(f"the embedded checkpoint {model_dir} is not generated yet: a real start "
                      "generates it (checks against its config.json run then)")
     else:
-        served = _served_model(model, config)
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
+    served = _served_model(model, config)
+    if config:  # a checkpoint directory's: its model must be in this vLLM
+        checks.check_model_in_vllm(resolution, served)
     checks.check_devices(resolution, platform, environ, dev_dir)
     if platform == "ascend":
         checks.check_device_access(environ, notes, dev_dir)

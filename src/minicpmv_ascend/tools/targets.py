@@ -15,8 +15,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-TABLE_IN_REPO = pathlib.Path(__file__).resolve().parents[3] / "deploy" / "ascend-targets.yaml"
-BUILD_DIR_IN_IMAGE = pathlib.Path("/opt/minicpmv-ascend/build")
 FACT_FIELDS = ("released", "cann", "hdk_min", "torch_npu", "python", "base_transformers")
 REQUIRED = ("vllm", "transformers_pin", "test_lock")  # what the image build and the test environments read
 # `open` may also name what is no field: whether the target's images exist at all.
@@ -33,9 +31,9 @@ def load(path: str | pathlib.Path | None = None) -> dict[str, Any]:
     """The table: the repo's when running from a checkout, else the image's copy."""
     import yaml
 
-    if path is None:
-        path = TABLE_IN_REPO if TABLE_IN_REPO.is_file() else BUILD_DIR_IN_IMAGE / "ascend-targets.yaml"
-    return yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
+    from minicpmv_ascend.settings.checks import targets_table_path
+
+    return yaml.safe_load(pathlib.Path(path or targets_table_path()).read_text(encoding="utf-8"))
 
 
 def image_ref(table: dict[str, Any], tag: str, variant: str) -> str:
