@@ -1,7 +1,8 @@
 """tests/tiers.py itself: an `engine` test declares how many vLLM engines it starts, and starting more
 fails it. The inner pytest runs start stand-ins named the way vLLM titles its engine process
 (`VLLM::EngineCore`, set with `exec -a`), which is what the tiers plugin recognises; no vLLM runs.
-The inner runs recognise another title, so that this outer run does not count their stand-ins."""
+The inner runs recognise another title and command, so that this outer run does not count their
+stand-ins."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_two_engines_as_declared():
 @pytest.fixture
 def inner(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest("import tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
+                          "tiers.VLLM_COMMANDS = {'stand-in-vllm'}\n"
                           "tiers.PY312_VENV = '/stand-in-venv-py312/'\n"
                           "def pytest_configure(config):\n    config.pluginmanager.register(tiers, 'tiers')\n")
     pytester.makeini(f"[pytest]\npythonpath = {TESTS}\nmarkers =\n    server\n    engine\n    slow\n    py312\n")
@@ -114,3 +116,79 @@ def test_a_test_running_the_second_python_unmarked_fails(inner: pytest.Pytester)
     result = inner.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*test_unmarked*a process of the Python 3.12 venv started: mark it `py312`*"])
+
+
+SHARED = '''
+import subprocess, time
+import pytest
+
+@pytest.mark.server
+@pytest.mark.parametrize("i", range(4))
+def test_asks_the_shared_server(server, i):
+    time.sleep(0.2)
+
+@pytest.mark.parametrize("i", range(4))
+def test_needs_no_server(i):
+    time.sleep(0.2)
+
+@pytest.mark.engine(engines=1)
+def test_starts_an_engine():
+    proc = subprocess.Popen(["bash", "-c", 'exec -a "STAND-IN-VLLM::EngineCore_0" sleep 5'])
+    time.sleep(1.5)  # the plugin samples every 0.5 s
+    proc.kill()
+    proc.wait()
+'''
+
+SHARED_FIXTURE = '''
+import os, pathlib
+import pytest
+
+@pytest.fixture(scope="session")
+def server():  # the shared servers' stand-in: records which worker started it
+    with open(pathlib.Path(__file__).parent / "starts.txt", "a") as starts:
+        starts.write(os.environ.get("PYTEST_XDIST_WORKER", "no worker") + "\\n")
+'''
+
+
+def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_worker(inner: pytest.Pytester) -> None:
+    """`make test`'s two workers (--dist loadgroup): the tests of a shared server all run on one
+    worker, so the session fixture starts once (pytest 9.2 ignores pytest-xdist 3.8.0's own group
+    suffix: tests/tiers.py adds it); the engines the workers start are listed by the controller."""
+    inner.makeconftest(inner.path.joinpath("conftest.py").read_text() + SHARED_FIXTURE)
+    inner.makepyfile(test_inner=SHARED)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v")
+    result.assert_outcomes(passed=9)
+    assert len((inner.path / "starts.txt").read_text().splitlines()) == 1
+    workers = {line.split("]")[0] for line in result.outlines if "test_asks_the_shared_server" in line and "PASSED" in line}
+    assert len(workers) == 1, result.outlines
+    result.stdout.fnmatch_lines(["*0 API servers, 1 engine cores, by test:*",
+                                 "*test_starts_an_engine: 1 x STAND-IN-VLLM::EngineCore_0*"])
+
+
+FORKING_SERVER = '''
+import os, subprocess, sys, time
+import pytest
+
+SERVER = """
+import os, time
+if os.fork() == 0:  # vLLM's engine core, between its fork and its setproctitle: the server's command line
+    time.sleep(2)
+    os._exit(0)
+time.sleep(2.5)
+"""
+
+@pytest.mark.engine(engines=1)
+def test_one_server_whose_child_keeps_its_command_line_for_a_while(tmp_path):
+    script = tmp_path / "stand-in-vllm"  # `python .../stand-in-vllm serve`: a vLLM API server to this run
+    script.write_text(SERVER)
+    subprocess.run([sys.executable, str(script), "serve"], check=True, timeout=30)
+'''
+
+
+def test_a_fork_of_a_server_is_not_a_second_server(inner: pytest.Pytester) -> None:
+    """vLLM forks its engine core, which keeps the API server's command line until it retitles
+    itself: a scan in that window (likely under load) must not count a second server."""
+    inner.makepyfile(test_inner=FORKING_SERVER)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*1 API servers, 0 engine cores, by test:*"])

@@ -34,13 +34,17 @@ import pytest
 
 MARKERS = ("server", "engine", "slow", "py312")
 VLLM_TITLE = "VLLM::"  # how vLLM titles its engine and worker processes (tests/test_tiers.py swaps it)
+VLLM_COMMANDS = {"minicpmv_ascend.vllm_cli", "vllm"}  # `python -m X serve`, `X serve` (swapped alike)
 SHARED_SERVERS = {"server", "other_server", "server_47"}  # the fixtures of tests/conftest.py
 POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled this often, none is missed
 PY312_VENV = "/.venv-py312/"  # in the command line of a process of the 3.12 venv (tests/test_tiers.py swaps it)
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
 
+SHARED_GROUP = "shared-servers"  # pytest-xdist group: the shared servers start on one worker only
+STARTED = "vllm started"  # the reports' user property naming each vLLM process a test started
+
 _allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
-_started: list[tuple[str, str]] = []  # (test id, what started) for the summary
+_started: list[tuple[str, str]] = []  # (test id, what started) for the summary, from the reports
 
 
 def allow_shared_server(pid: int) -> None:
@@ -58,7 +62,7 @@ def vllm_process(proc: psutil.Process) -> str | None:
     if argv and argv[0].startswith(VLLM_TITLE):
         return argv[0].split()[0]
     for i, arg in enumerate(argv[:-1]):
-        if (arg == "minicpmv_ascend.vllm_cli" or os.path.basename(arg) == "vllm") and argv[i + 1] == "serve":
+        if (arg in VLLM_COMMANDS or os.path.basename(arg) in VLLM_COMMANDS) and argv[i + 1] == "serve":
             return "vllm serve"
     return None
 
@@ -94,6 +98,7 @@ class Watch:
         self.my_cmdline = self.me.cmdline()
         self.before = {p.pid for p in self.me.children(recursive=True)}
         self.seen: set[int] = set()
+        self.started: list[str] = []  # kinds, moved into the test's reports (xdist sends them home)
         self.violations: list[str] = []
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -120,9 +125,11 @@ class Watch:
                 if self._unexeced_fork(proc):
                     continue
                 kind = vllm_process(proc)
+                if kind == "vllm serve" and self._fork_of_its_parent(proc):
+                    continue  # vLLM's engine core before it retitles itself (fork, then setproctitle)
                 if kind is not None:
                     self.seen.add(proc.pid)
-                    _started.append((self.item.nodeid, kind))
+                    self.started.append(kind)
                     try:
                         shared = os.getsid(proc.pid) in _allowed_sessions
                     except OSError:
@@ -148,6 +155,17 @@ class Watch:
             return proc.cmdline() == self.my_cmdline
         except psutil.Error:
             return True  # gone, or not readable yet: looked at again next time
+
+    @staticmethod
+    def _fork_of_its_parent(proc: psutil.Process) -> bool:
+        """A child with its parent's command line: a fork that has not exec'd or retitled yet. On a
+        loaded machine the scan can land in that window (a server's engine core looked like a
+        second server)."""
+        try:
+            parent = proc.parent()
+            return parent is not None and parent.cmdline() == proc.cmdline()
+        except psutil.Error:
+            return True  # gone, or not readable: looked at again next time
 
     def _over_budget(self, kind: str) -> bool:
         counted = "vllm serve" if kind == "vllm serve" else "engine core" if kind.startswith(f"{VLLM_TITLE}EngineCore") else None
@@ -188,6 +206,21 @@ def engines_declared(item: pytest.Item) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def join_shared_group(item: pytest.Item) -> None:
+    """Under `make test`'s pytest-xdist workers (--dist loadgroup) every test of the shared servers
+    runs on one worker, so each shared server starts once per run, not once per worker."""
+    item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
+    # pytest-xdist 3.8.0 tells its scheduler an item's group by appending "@group" to the item's
+    # `_nodeid`, which pytest 9.2 no longer reads (its ids are `_id`): the group is then silently
+    # ignored (pytest-xdist #1386; the fix, #1388, is not released). Appended here to the id pytest
+    # reads, before xdist's hook runs (tryfirst below); tests/test_tiers.py shows the grouping.
+    if getattr(item.config.option, "loadgroup", False) and "@" not in item.nodeid.rpartition("]")[2]:
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{SHARED_GROUP}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook appends them to the ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
     for item in items:
@@ -197,6 +230,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                             "many vLLM engine cores it starts at most")
         fixtures = set(getattr(item, "fixturenames", ()))
         shared = sorted(SHARED_SERVERS & fixtures)
+        if shared:
+            join_shared_group(item)
         if shared and "server" not in marked:
             problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
         elif "server" in marked and not shared:
@@ -227,14 +262,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     watch.scan()
     with watch.lock:
         violations, watch.violations = watch.violations, []
+        started, watch.started = watch.started, []
+    report = outcome.get_result()
+    report.user_properties += [(STARTED, kind) for kind in started]
     if violations:
-        report = outcome.get_result()
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid}, during its {call.when}: " + "; ".join(violations)
                            + " (the markers: tests/tiers.py)")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # In the process that reports: pytest's own, or pytest-xdist's controller for its workers.
+    _started.extend((report.nodeid, kind) for key, kind in report.user_properties if key == STARTED)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    if hasattr(terminalreporter.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller prints the run's summary
     servers = sum(kind == "vllm serve" for _, kind in _started)
     engines = sum(kind.startswith(f"{VLLM_TITLE}EngineCore") for _, kind in _started)
     terminalreporter.section("vLLM started by this run")
