@@ -80,31 +80,45 @@ bench: venv
 # (docs/development.md has a measured one); a setup phase that is already built takes a second.
 # Every test's time goes to $(TEST_TIMES) (JUnit XML); `python3 scripts/test_times.py
 # $(TEST_TIMES)/*.xml` makes the per-file table.
+# Every phase uses both cores (a test, a vLLM start or a pip install keeps about one busy; pip also
+# waits on the network): the setup steps run side by side (each its own venv; their logs are printed
+# when all are done), then the plugin's targets side by side, then the main suite on $(TEST_WORKERS)
+# pytest-xdist workers with the tests of the shared servers all on one of them, so that each shared
+# server starts once (tests/tiers.py, SHARED_GROUP). TEST_WORKERS=0: the main suite in one process.
+TEST_WORKERS ?= 2
 TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools apps-tools
 TEST_TIMES := build/test-times
 # Not $(MAKE) in the recipe: make runs a line naming $(MAKE) even under `make -n`, and this line runs
 # the tests.
 SETUP_MAKE := $(MAKE) --no-print-directory
 test:
-	@status=0; phases=""; \
+	@status=0; phases=""; mkdir -p $(TEST_TIMES); \
+	phase() { phases+=$$(printf '%-24s %5d s' "$$1" $$2; [ $$3 = 0 ] || printf '  exit %d' $$3)$$'\n'; }; \
 	timed() { local name=$$1 start=$$(date +%s) rc=0; shift; "$$@" || rc=$$?; \
-		phases+=$$(printf '%-24s %5d s' "$$name" $$(( $$(date +%s) - start )); \
-			[ $$rc = 0 ] || printf '  exit %d' $$rc)$$'\n'; \
-		return $$rc; }; \
+		phase "$$name" $$(( $$(date +%s) - start )) $$rc; return $$rc; }; \
+	spawn() { local out=$(TEST_TIMES)/$$1; shift; \
+		( start=$$(date +%s); rc=0; "$$@" >$$out.log 2>&1 || rc=$$?; \
+		  echo "$$rc $$(( $$(date +%s) - start ))" >$$out.rc ) & }; \
+	joined() { local rc seconds; echo "== $$1"; cat $(TEST_TIMES)/$$2.log; \
+		read rc seconds <$(TEST_TIMES)/$$2.rc; phase "$$1" $$seconds $$rc; return $$rc; }; \
 	report() { printf '== make test phases\n%s' "$$phases"; }; \
 	start=$$(date +%s); \
-	for setup in $(TEST_SETUP); do \
-		timed "make $$setup" $(SETUP_MAKE) $$setup || { status=$$?; report; exit $$status; }; \
-	done; \
+	for setup in $(TEST_SETUP); do spawn setup-$$setup $(SETUP_MAKE) $$setup; done; wait; \
+	for setup in $(TEST_SETUP); do joined "make $$setup" setup-$$setup || status=$$?; done; \
+	[ -z "$(TEST_SETUP)" ] || phase "setup, side by side" $$(( $$(date +%s) - start )) $$status; \
+	[ $$status = 0 ] || { report; exit $$status; }; \
 	timed ruff $(RUFF) || status=$$?; \
+	plugin_start=$$(date +%s); \
 	for target in $(PLUGIN_TARGETS); do \
-		echo "== plugin/tests against $$target (.venv-$$target)"; \
-		timed "plugin/tests $$target" .venv-$$target/bin/python -m pytest plugin/tests \
-			--junitxml=$(TEST_TIMES)/plugin-$$target.xml $(PYTEST_ARGS_PLUGIN) || status=$$?; \
-	done; \
-	timed tests/ $(VPY) -m pytest --junitxml=$(TEST_TIMES)/tests.xml $(PYTEST_ARGS) || status=$$?; \
-	phases+=$$(printf '%-24s %5d s' total $$(( $$(date +%s) - start ))); \
-	report; echo; exit $$status
+		spawn plugin-$$target .venv-$$target/bin/python -m pytest plugin/tests \
+			--junitxml=$(TEST_TIMES)/plugin-$$target.xml $(PYTEST_ARGS_PLUGIN); \
+	done; wait; \
+	for target in $(PLUGIN_TARGETS); do joined "plugin/tests $$target" plugin-$$target || status=$$?; done; \
+	[ -z "$(PLUGIN_TARGETS)" ] || phase "plugin/tests, side by side" $$(( $$(date +%s) - plugin_start )) 0; \
+	timed tests/ $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(TEST_TIMES)/tests.xml \
+		$(PYTEST_ARGS) || status=$$?; \
+	phase total $$(( $$(date +%s) - start )) $$status; \
+	report; exit $$status
 
 # What a developer runs on every change: the lint gate and the unit tier, every test that needs no
 # vLLM server, no engine, no torch outside the pytest process (not the generated checkpoint, not
