@@ -39,9 +39,13 @@ def test_fuzz_slice_every_route(server, tmp_path):
     # Every route the server publishes was fuzzed, with at least one request each.
     assert set(routes) == set(report["published_routes"]), report["not_run"]
     assert all(r["requests"] >= 1 for r in routes.values())
-    # The routes that run the engine got real traffic: some requests served, some refused.
+    # The routes that run the engine got real traffic: some requests served, some refused. About
+    # 1 % of the generated bodies are valid, and the slice is bounded by time, so how many are
+    # served depends on the machine's speed (chat: 5 of 569 quiet, 1 of 105 beside `make test`'s
+    # other worker): one served request shows the route reached the engine.
     for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"):
-        assert routes[label]["statuses"].get("200", 0) >= 3, routes[label]
+        statuses = routes[label]["statuses"]
+        assert statuses.get("200", 0) >= 1 and statuses.get("400", 0) >= 1, routes[label]
     assert done.returncode == 0, f"property violated:\n{(out / 'report.md').read_text()}\n{done.stderr[-2000:]}"
     assert report["ok"] and report["five_xx"] == report["known_five_xx"]
     assert report["health_after"] == 200 and report["smoke_after"]["ok"]
