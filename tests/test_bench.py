@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from support.server import REPO, clean_env
+from support.server import REPO, clean_env, http_get
 
 BENCH = [sys.executable, "-m", "minicpmv_ascend.tools.bench"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,6 +26,14 @@ SMALL = ["--num-prompts", "2", "--input-len", "16", "--output-len", "4", "--warm
 def run_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*BENCH, *args], cwd=REPO, env=clean_env(), capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+def mm_cache_hits(server) -> float:
+    """vLLM's multimodal cache hits so far (`vllm:mm_cache_hits_total` on /metrics)."""
+    status, body = http_get(f"{server.base_url}/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("vllm:mm_cache_hits_total"))
 
 
 def assert_cell_sane(cell: dict, prompts: int) -> None:
@@ -84,10 +92,14 @@ def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, t
     unstreamed (vLLM's client can only stream; bench_client sends stream: false). The server under
     test is found by its port, so its CPU time is not counted as contention."""
     out = tmp_path / "bench"
+    hits_before = mm_cache_hits(server)
     result = run_bench("endpoint", "--base-url", server.base_url, "--out", str(out), *SMALL, "--concurrency", "2",
                        "--mixes", "text,image", "--image-size", "448x448,1344x1008", "--stream", "on,off",
                        "--no-roofline", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    # Each cell sends images the server has not seen (a seed per cell): one seed for all sent the
+    # streamed cell's images again in the unstreamed one, served from vLLM's multimodal cache.
+    assert mm_cache_hits(server) == hits_before
     report = json.loads((out / "bench.json").read_text())
     assert report["server_pids"] == [server.process.pid]
     cells = {c["name"]: c for c in report["cells"]}
