@@ -80,7 +80,7 @@ def test_switch_turns_only_this_patch_off(target, monkeypatch):
 
 
 def test_real_head_dim_within_the_noise_floor_and_equal_to_transformers(vllm_code, target, checkpoint):
-    """A 1084x820 image's 3 slices (1008, 960, 960 patches) at hidden 1152 / 16 heads, 2 layers:
+    """A 1260x480 image's 3 slices (192, 240, 240 patches) at hidden 1152 / 16 heads, 2 layers:
     without the patch the stand-in platform attention is never called (masked SDPA); with it, it
     is called per layer with the slices' cu_seqlens, within the bf16 noise floor of the masked path,
     and equal to transformers in fp32."""
