@@ -5,11 +5,13 @@ servers' settings, are in tests/support/server.py; every other shared helper is 
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
 
 import tiers
+from support.once import once
 from support.server import OTHER_SERVER_CHUNK, OTHER_SERVER_KEY, SHARED_SERVER_ENV, serve_shared, start_server
 
 
@@ -18,11 +20,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(tiers, "tiers")
 
 
+# The session fixtures that make files are made once per run, not once per xdist worker (support/once.py).
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> pathlib.Path:
     from minicpmv_ascend.checkpoint import generate
 
-    return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv46-tiny", "tiny", seed=0)
+    return once(tmp_path_factory, "minicpmv46-tiny", lambda out: generate(out, "tiny", seed=0))
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +33,8 @@ def tiny_checkpoint_47(tmp_path_factory) -> pathlib.Path:
     """The tiny random MiniCPM-V 4.7 checkpoint (`minicpmv-make-checkpoint --model minicpmv4_7`)."""
     from minicpmv_ascend.checkpoint import generate
 
-    return generate(tmp_path_factory.mktemp("ckpt") / "minicpmv47-tiny", "tiny", seed=0, model_type="minicpmv4_7")
+    return once(tmp_path_factory, "minicpmv47-tiny",
+                lambda out: generate(out, "tiny", seed=0, model_type="minicpmv4_7"))
 
 
 @pytest.fixture(scope="session")
@@ -41,15 +45,16 @@ def tiny_config(tmp_path_factory) -> pathlib.Path:
     so unit tests use it (test_checkpoint.py keeps it equal to the real one's files)."""
     from minicpmv_ascend import checkpoint
 
-    out = tmp_path_factory.mktemp("config") / "minicpmv46-tiny"
-    out.mkdir()
-    tokenizer = checkpoint.build_tokenizer(out)
-    checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer).save_pretrained(out)
-    checkpoint.save_processor(out, tokenizer)
-    checkpoint.write_generation_config(out, tokenizer)
-    header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
-    (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
-    return out
+    def make(out: pathlib.Path) -> None:
+        out.mkdir()
+        tokenizer = checkpoint.build_tokenizer(out)
+        checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer).save_pretrained(out)
+        checkpoint.save_processor(out, tokenizer)
+        checkpoint.write_generation_config(out, tokenizer)
+        header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
+        (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+
+    return once(tmp_path_factory, "minicpmv46-tiny-config", make)
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +63,9 @@ def k8s_rendered(tmp_path_factory) -> dict[str, list[dict]]:
     with its components, with the storage patch): rendered once for the deploy and security tests."""
     from support.deploy import render_everything
 
-    return render_everything(tmp_path_factory)
+    rendered = once(tmp_path_factory, "k8s-rendered.json",
+                    lambda out: out.write_text(json.dumps(render_everything(tmp_path_factory))))
+    return json.loads(rendered.read_text())
 
 
 @pytest.fixture(scope="session")

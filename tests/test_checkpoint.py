@@ -94,6 +94,7 @@ def test_full_preset_has_the_released_model_shapes(tmp_path):
     assert "mrope_section" not in text.rope_parameters  # the released config has plain RoPE
 
 
+@pytest.mark.slow  # 4-12 s of CPU building 248,094 tokens: make test, not the fast loop
 def test_full_preset_tokenizer_has_the_released_vocabulary_and_ids(tmp_path):
     """The full preset's tokenizer (built alone, no weights): 248,094 tokens like the output matrix,
     the released special-token ids where known, and every id the model can sample decodes to text

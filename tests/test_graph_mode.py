@@ -29,6 +29,7 @@ def plan(cli=(), **env):
     return build_plan(resolve(list(cli), environ), environ, "cpu")
 
 
+@pytest.mark.slow  # imports vLLM's serve parser in this process (~5 s of CPU)
 def test_profile_emits_decode_graph_flags_and_vllm_032_parses_them() -> None:
     p = plan(**PROFILE)
     args = p.vllm_args
@@ -60,6 +61,7 @@ def test_graph_mode_with_enforce_eager_is_refused(env, origin) -> None:
     ('{"cudagraph_mod":"FULL_DECODE_ONLY"}', "cudagraph_mod Unexpected keyword argument"),
     ('{"cudagraph_mode":"FULL_DECODE"}', "unknown name 'FULL_DECODE' (cudagraph_mode is one of NONE, PIECEWISE, FULL,"),
 ])
+@pytest.mark.slow  # imports vLLM's serve parser in this process (~5 s of CPU)
 def test_vllm_judges_the_config_and_the_setting_is_named(config, words) -> None:
     """A misspelt key or mode is reported for the setting, with vLLM's reason (argparse alone
     would raise a bare KeyError for the mode), and the launcher asks vLLM at start whenever the
@@ -76,6 +78,7 @@ def test_vllm_judges_the_config_and_the_setting_is_named(config, words) -> None:
     assert not launcher.only_vllm_can_judge(plan().resolution)
 
 
+@pytest.mark.slow  # imports vLLM's serve parser in this process (~5 s of CPU)
 def test_cc_and_compilation_config_are_one_setting_dotted_spellings_refused() -> None:
     """-cc and --compilation-config are the setting (so it is listed and checked once); a dotted
     spelling would change it behind the launcher's back and is refused."""

@@ -20,7 +20,7 @@ import pytest
 
 def start_engines(n):  # stand-ins titled like vLLM's engine core
     procs = [subprocess.Popen(["bash", "-c", 'exec -a "STAND-IN-VLLM::EngineCore_0" sleep 5']) for _ in range(n)]
-    time.sleep(1.5)  # the plugin samples every 0.5 s
+    time.sleep(0.8)  # the inner runs sample every 0.2 s (conftest below)
     for p in procs:
         p.kill()
         p.wait()
@@ -44,6 +44,7 @@ def inner(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest("import tiers\ntiers.VLLM_TITLE = 'STAND-IN-VLLM::'\n"
                           "tiers.VLLM_COMMANDS = {'stand-in-vllm'}\n"
                           "tiers.PY312_VENV = '/stand-in-venv-py312/'\n"
+                          "tiers.POLL_S = 0.2\n"  # the stand-ins live 0.8 s: 4 scans, not 1.5 s for 3
                           "def pytest_configure(config):\n    config.pluginmanager.register(tiers, 'tiers')\n")
     pytester.makeini(f"[pytest]\npythonpath = {TESTS}\nmarkers =\n    server\n    engine\n    slow\n    py312\n")
     return pytester
@@ -70,8 +71,8 @@ import torch  # mapped into this process, so into a fork of it too
 
 def test_a_fork_that_has_not_exec_d_is_not_a_process_that_loads_torch():
     pid = os.fork()
-    if pid == 0:  # what subprocess's child is between fork and exec, held for 3 scans
-        time.sleep(1.5)
+    if pid == 0:  # what subprocess's child is between fork and exec, held for 4 scans
+        time.sleep(0.8)
         os._exit(0)
     os.waitpid(pid, 0)
 '''
@@ -96,7 +97,7 @@ def run_the_second_python():  # a stand-in for .venv-py312/bin/python: `sleep`, 
     if not python.exists():
         python.symlink_to(shutil.which("sleep"))
     proc = subprocess.Popen([str(python), "5"])
-    time.sleep(1.5)  # the plugin samples every 0.5 s
+    time.sleep(0.8)  # the inner runs sample every 0.2 s (conftest below)
     proc.kill()
     proc.wait()
 
@@ -134,7 +135,7 @@ def test_needs_no_server(i):
 @pytest.mark.engine(engines=1)
 def test_starts_an_engine():
     proc = subprocess.Popen(["bash", "-c", 'exec -a "STAND-IN-VLLM::EngineCore_0" sleep 5'])
-    time.sleep(1.5)  # the plugin samples every 0.5 s
+    time.sleep(0.8)  # the inner runs sample every 0.2 s (conftest below)
     proc.kill()
     proc.wait()
 '''
@@ -172,9 +173,9 @@ import pytest
 SERVER = """
 import os, time
 if os.fork() == 0:  # vLLM's engine core, between its fork and its setproctitle: the server's command line
-    time.sleep(2)
+    time.sleep(1.0)
     os._exit(0)
-time.sleep(2.5)
+time.sleep(1.2)
 """
 
 @pytest.mark.engine(engines=1)

@@ -5,10 +5,11 @@ starts no vLLM and loads no torch outside the pytest process, whatever a test's 
 - `server`: uses a shared vLLM server (the `server` or `other_server` fixture of tests/conftest.py).
 - `engine(engines=N)`: starts vLLM itself: a server, an engine core or an offline `vllm.LLM`, and
   declares how many engine cores (model loads) it starts at most, API servers counted alike.
-- `slow`: needs torch but no vLLM server or engine: the torch-generated random-weight checkpoint
-  (`tiny_checkpoint`), or a process of its own that loads torch (vLLM's argument parser, its app
-  or protocol code, a dry run of the launcher: ~10 s each). Tests that only read the checkpoint's
-  config, tokenizer or file layout use `tiny_config` instead.
+- `slow`: seconds of CPU but no vLLM server or engine: torch (the torch-generated random-weight
+  checkpoint, `tiny_checkpoint`, or a process of its own that loads torch: vLLM's argument parser,
+  its app or protocol code, a dry run of the launcher: ~10 s each), or work of that size without it
+  (the full preset's 248,094-token tokenizer). Tests that only read the checkpoint's config,
+  tokenizer or file layout use `tiny_config` instead.
 - `py312`: runs the package on the second Python, 3.12 (the Ascend image's; `.venv-py312`, built by
   `make py312`), so that `make check` needs no second Python's venv.
 
