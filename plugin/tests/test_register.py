@@ -33,7 +33,11 @@ PROBE = textwrap.dedent("""
     while hasattr(f, "__wrapped__"):
         wrapped, f = wrapped + 1, f.__wrapped__
     from vllm.reasoning import ReasoningParserManager
+    from minicpmv_ascend import settings
+    auto_parser = settings.auto_reasoning_parser()  # the launcher's `auto`, as the API server loads it
+    ReasoningParserManager.get_reasoning_parser(auto_parser)
     print("RESULT " + json.dumps({
+        "auto_reasoning_parser": auto_parser,
         "register_seconds": register_seconds, "model_imported_by_register": model_imported_by_register,
         "new_vllm_modules": new_vllm_modules,
         "pending": pending, "decisions": {k: [v.status, v.reason] for k, v in plugin.decisions().items()},
@@ -253,11 +257,15 @@ def test_ascend_check_script_reports_this_targets_vllm_and_decisions(target):
         f"patch {p.name}: {'applied' if target.needs(p.name) else 'skipped'}" for p in plugin.PATCHES] + ["result: ok"]
 
 
-@pytest.mark.parametrize("plugin_env", [{}, {"MINICPMV_ASCEND_PLUGIN": "off"}, {"MINICPMV_ASCEND_PLUGIN": "0"}])
-def test_launcher_auto_reasoning_parser(plugin_env, target):
+def test_launcher_auto_reasoning_parser(loaded, target, monkeypatch):
     """Where vLLM has no `minicpmv` parser the plugin registers one, so the launcher's `auto` picks
     it (and vLLM's registry, after loading plugins, really has it and loads it, as the API server
-    does when it starts); with the plugin off, `qwen3`."""
+    does when it starts: the `loaded` process); with the plugin off, `qwen3` (a process of its own;
+    every spelling of off is the same switch)."""
+    import minicpmv_ascend_plugin as plugin
+
+    out, _ = loaded
+    assert out["auto_reasoning_parser"] == "minicpmv" and out["minicpmv_parser"]
     code = textwrap.dedent("""
         from minicpmv_ascend import settings
         from vllm.plugins import load_general_plugins
@@ -267,9 +275,12 @@ def test_launcher_auto_reasoning_parser(plugin_env, target):
         ReasoningParserManager.get_reasoning_parser(chosen)
         print(chosen, "minicpmv" in ReasoningParserManager.list_registered())
     """)
-    proc = run_python(code, env=plugin_env)
+    proc = run_python(code, env={"MINICPMV_ASCEND_PLUGIN": "off"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     chosen, registered = proc.stdout.split()[-2:]
-    expected = "qwen3" if plugin_env and target.needs("reasoning-parser") else "minicpmv"
+    expected = "qwen3" if target.needs("reasoning-parser") else "minicpmv"
     assert chosen == expected
     assert registered == str(expected == "minicpmv")
+    for word in ("0", "OFF", " false ", "no", "disabled"):
+        monkeypatch.setenv("MINICPMV_ASCEND_PLUGIN", word)
+        assert plugin.disabled(), word
