@@ -12,6 +12,7 @@ plugin's proof for the pre-release target v0.32.0rc1, whose vLLM release is this
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -147,7 +148,7 @@ def test_ascend_rotary_config_is_an_exact_noop(tiny_checkpoint, tmp_path):
         "    names = {type(m).__name__ for m in model.modules()}\n"
         "    return sorted(n for n in names if n.endswith('RotaryEmbedding'))\n")
     env = clean_env(VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
-                    PYTHONPATH=str(tmp_path))
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, str(script), str(tiny_checkpoint)], capture_output=True, text=True,
                           timeout=900, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
