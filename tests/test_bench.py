@@ -30,10 +30,12 @@ def run_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def mm_cache_hits(server) -> float:
     """vLLM's multimodal cache hits so far (`vllm:mm_cache_hits_total` on /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     status, body = http_get(f"{server.base_url}/metrics")
     assert status == 200
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
-               if line.startswith("vllm:mm_cache_hits_total"))
+    return sum(sample.value for family in text_string_to_metric_families(body.decode())
+               for sample in family.samples if sample.name == "vllm:mm_cache_hits_total")
 
 
 def assert_cell_sane(cell: dict, prompts: int) -> None:

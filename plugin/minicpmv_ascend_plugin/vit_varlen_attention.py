@@ -209,8 +209,8 @@ slices of 192/240/240 patches at 224-px slicing, 16x and 4x): the varlen bf16 ou
 the masked bf16 output by at most 0.0078 where masked bf16 vs masked fp32 differs by 0.0101-0.0102
 (max abs, outputs up to ~1.4); in fp32 varlen, masked and transformers agree to ~1e-6 (at the
 released 448-px slicing, 1084x820 in slices of 1008/960/960: 0.0078 against 0.0096).
-Predicate (read from the installed code): `get_vision_hidden_states` mentions `attention_mask` and not `cu_seqlens`,
-`Idefics2VisionAttention.forward` has its `scaled_dot_product_attention` path,
+Predicate (read from the installed code): `get_vision_hidden_states` mentions `attention_mask`
+and not `cu_seqlens`, `Idefics2VisionAttention.forward` has its `scaled_dot_product_attention` path,
 `MMEncoderAttention.forward_native` takes `cu_seqlens` and `max_seqlen`, and
 `Idefics2EncoderLayer.forward`'s statements (by `ast`) are the pre-norm residual sequence the
 patch mirrors; a changed layer is "layout not found" (unapplied, a warning). Not handled: vLLM's
