@@ -11,12 +11,14 @@ The long run is `make fuzz`.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from minicpmv_ascend.common.http import RequestFailed
 from minicpmv_ascend.tools import fuzz
 from support.server import REPO
 
@@ -35,6 +37,7 @@ def test_fuzz_slice_every_route(server, tmp_path):
     wall = time.monotonic() - started
     print(f"\n{done.stdout}\nslice wall time {wall:.1f} s")
     report = json.loads((out / "report.json").read_text())
+    assert "published_routes" in report, f"{report.get('error')}\n{done.stderr[-2000:]}"
     routes = {r["route"]: r for r in report["routes"]}
     # Every route the server publishes was fuzzed, with at least one request each.
     assert set(routes) == set(report["published_routes"]), report["not_run"]
@@ -128,3 +131,15 @@ def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
     # into the engine's fields where a body has them (never `user` then), else anywhere
     assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 4 <= data_urls <= 30
     assert fuzz.ascii_json({"emoji": "\U0001f600"}) == b'{"emoji": "\\ud83d\\ude00"}'  # pairs stay pairs
+
+
+def test_a_run_that_cannot_read_the_schema_says_why_in_its_report(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(RequestFailed):
+            fuzz.main(["--url", url, "--profile", "slice", "--out", str(tmp_path), "--st", "/bin/true"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "published_routes" not in report and report["ok"] is False
+    assert report["error"].startswith("RequestFailed:") and "openapi.json" in report["error"]
+    assert "(stopped: RequestFailed:" in (tmp_path / "report.md").read_text()

@@ -524,7 +524,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server.start()
         base_url = args.url.rstrip("/") if args.url else server.base_url
         report["base_url"] = base_url
-        schema = Client(base_url, 10, api_key).get_json("/openapi.json")
+        # The first /openapi.json builds vLLM's 270 KB schema (0.8 s quiet here); allow what a request may take.
+        schema = Client(base_url, REQUEST_TIMEOUT_S, api_key).get_json("/openapi.json")
         routes = [r for r in routes_of(schema) if not args.route or any(p in r.label for p in args.route)]
         if not routes:
             raise UsageError(f"no route of {base_url}/openapi.json matches --route {args.route}")
@@ -554,6 +555,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         alive = healthy(base_url, api_key)
         report["health_after"] = 200 if alive else "no answer"
         report["smoke_after"] = smoke(base_url, args.model) if alive else {"ok": False, "error": "server dead"}
+    except Exception as error:  # the report says what stopped the run (also in stderr's traceback)
+        report["error"] = f"{type(error).__name__}: {error}"
+        raise
     finally:
         if server is not None:
             report["server_starts"] = server.starts
@@ -579,7 +583,8 @@ def _st_version(st: pathlib.Path) -> str:
 def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# API fuzz report ({report['profile']})", "",
-        f"- verdict: **{'property held' if report.get('ok') else 'PROPERTY VIOLATED'}**",
+        f"- verdict: **{'property held' if report.get('ok') else 'PROPERTY VIOLATED'}**"
+        + (f" (stopped: {report['error']})" if report.get("error") else ""),
         f"- server: {report.get('base_url')}; {report['schemathesis']}; seed {report['seed']}; "
         f"phases {', '.join(report['phases'])}; wall {report.get('wall_s')} s; {report.get('requests')} requests; "
         f"5xx: {report.get('five_xx')}",
