@@ -3,8 +3,9 @@ servers (bf16) as candidates, the built-in prompt set with PIL-drawn images.
 
 Healthy servers pass. Three servers that are broken for real fail, and the report names the subset
 that is broken: a checkpoint whose vision merger is never reached, a server fed different image
-preprocessing, and a checkpoint with one corrupted weight tensor. Each extra server is started
-inside its test and stopped before the next one starts (one at a time on a 2-core machine).
+preprocessing, and a checkpoint with one corrupted weight tensor. The three start together and are
+compared in one parity run beside the healthy shared server, so that the reference (HF fp32) and the
+floor are computed once.
 """
 
 from __future__ import annotations
@@ -46,24 +47,13 @@ def run_parity(out: pathlib.Path, *args: str, **env: str) -> tuple[subprocess.Co
     return process, report
 
 
-def verdicts(report: dict, run: str = "candidate") -> dict[str, bool]:
-    entry = report["floor"] if run == "floor" else report["candidates"][0]
-    return {subset: s["passed"] for subset, s in entry["evaluation"]["subsets"].items()}
+def verdicts(run: dict) -> dict[str, bool]:
+    """Subset -> passed, for one run of a report (its floor, or one of its candidates)."""
+    return {subset: s["passed"] for subset, s in run["evaluation"]["subsets"].items()}
 
 
-def failed_checks(report: dict, subset: str) -> set[str]:
-    checks = report["candidates"][0]["evaluation"]["subsets"][subset]["checks"]
-    return {c["check"] for c in checks if c["passed"] is False}
-
-
-@contextlib.contextmanager
-def own_server(checkpoint: pathlib.Path, log: pathlib.Path, *args: str):
-    srv = start_server(checkpoint, log, *args)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+def failed_checks(run: dict, subset: str) -> set[str]:
+    return {c["check"] for c in run["evaluation"]["subsets"][subset]["checks"] if c["passed"] is False}
 
 
 def copy_checkpoint(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
@@ -167,7 +157,7 @@ def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoin
     assert process.returncode == 0, process.stdout + process.stderr
     assert report["passed"] and report["prompt_set_version"] == parity_prompts.PROMPT_SET_VERSION
     assert len(report["prompts"]) == len(parity_prompts.BUILTIN_PROMPTS) + 1
-    assert verdicts(report) == {"text": True, "image": True, "multi-image": True}
+    assert verdicts(report["candidates"][0]) == {"text": True, "image": True, "multi-image": True}
     for subset, s in report["candidates"][0]["evaluation"]["subsets"].items():
         m = s["metrics"]
         assert m["prompt_id_mismatches"] == 0 and m["errors"] == 0 and m["confident_flips"] == 0, subset
@@ -177,17 +167,6 @@ def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoin
         assert m["positions"] >= 60, subset
     assert "PASS" in process.stdout and "multi-image" in process.stdout  # the terminal table
     assert (tmp_path / "out" / "parity.md").read_text().startswith("# Accuracy parity report")
-
-
-@pytest.mark.server
-def test_hf_fp32_vs_shared_server_passes_against_its_floor(tmp_path, tiny_checkpoint, server):
-    """The shared server as candidate and as floor: every bar, floor-relative ones included, passes."""
-    process, report = run_parity(tmp_path, "--reference", f"hf:{tiny_checkpoint}", "--candidate", server.base_url,
-                                 "--floor", server.base_url, "--prompt", DEFAULT_OPTION_PROMPTS, *TINY_MODEL_THRESHOLDS)
-    assert process.returncode == 0, process.stdout + process.stderr
-    checks = [c for s in report["candidates"][0]["evaluation"]["subsets"].values() for c in s["checks"]]
-    assert {c["check"] for c in checks} >= {"median |dlogprob| vs floor", "p99 |dlogprob| vs floor", "top-1 vs floor"}
-    assert all(c["passed"] for c in checks)
 
 
 @pytest.mark.server
@@ -201,7 +180,7 @@ def test_minicpmv47_hf_fp32_vs_vllm_bf16_passes(tmp_path, tiny_checkpoint_47, se
                                  server_47.base_url, "--prompt", DEFAULT_OPTION_PROMPTS,
                                  *TINY_MODEL_THRESHOLDS)
     assert process.returncode == 0, process.stdout + process.stderr
-    assert report["passed"] and verdicts(report) == {"text": True, "image": True, "multi-image": True}
+    assert report["passed"] and verdicts(report["candidates"][0]) == {"text": True, "image": True, "multi-image": True}
     assert report["reference"].startswith("hf:") and "minicpm-v-4.7" in json.dumps(report["candidates"])
 
 
@@ -223,59 +202,72 @@ def test_endpoint_reference_against_itself_is_exact(tmp_path, server):
 # Broken candidates fail, and the report points at the broken subset
 
 
-def broken_run(tmp_path, tiny_checkpoint, server, checkpoint, *server_args):
-    with own_server(checkpoint, tmp_path / "broken.log", *server_args) as broken:
-        process, report = run_parity(
-            tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", "--candidate", broken.base_url,
-            "--floor", server.base_url, "--prompt", DEFAULT_OPTION_PROMPTS, *TINY_MODEL_THRESHOLDS)
-    print(process.stdout)
-    assert process.returncode == 1, process.stdout + process.stderr
-    assert not report["passed"]
-    # The floor (HF fp32 vs the healthy shared server) passes on its own: the failure is the candidate's.
-    assert all(verdicts(report, "floor").values()), verdicts(report, "floor")
-    return report
-
-
-@pytest.mark.engine(engines=1)
-@pytest.mark.server
-def test_skipped_vision_merger_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
-    """insert_layer_id at the vision layer count: the vit_merger is never reached (docs/design/model.md, "Vision path")."""
-    checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "no-merger")
+def skipped_vision_merger(tiny_checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """insert_layer_id at the vision layer count: the vit_merger is never reached (docs/design/model.md,
+    "Vision path")."""
+    checkpoint = copy_checkpoint(tiny_checkpoint, out)
     config = json.loads((checkpoint / "config.json").read_text())
     config["insert_layer_id"] = config["vision_config"]["num_hidden_layers"]
     (checkpoint / "config.json").write_text(json.dumps(config))
-    report = broken_run(tmp_path, tiny_checkpoint, server, checkpoint)
-    assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
+    return checkpoint
 
 
-@pytest.mark.engine(engines=1)
-@pytest.mark.server
-def test_different_image_preprocessing_fails_the_image_subsets(tmp_path, tiny_checkpoint, server):
-    """A server whose image slicing differs (max_slice_nums 1 instead of the checkpoint's 9)."""
-    report = broken_run(tmp_path, tiny_checkpoint, server, tiny_checkpoint,
-                        "--mm-processor-kwargs", '{"max_slice_nums": 1}')
-    assert verdicts(report) == {"text": True, "image": False, "multi-image": False}
-    assert "prompt ids identical" in failed_checks(report, "image")
-    markdown = (tmp_path / "out" / "parity.md").read_text()
-    assert "image-1084x820" in markdown and "token ids differ from index" in markdown
-
-
-@pytest.mark.engine(engines=1)
-@pytest.mark.server
-def test_one_corrupted_weight_tensor_fails_the_text_subset(tmp_path, tiny_checkpoint, server):
+def corrupted_weight(tiny_checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
     """Noise on one MLP weight of the text model (the kind of damage a bad conversion leaves)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    checkpoint = copy_checkpoint(tiny_checkpoint, tmp_path / "corrupted")
+    checkpoint = copy_checkpoint(tiny_checkpoint, out)
     weights = load_file(checkpoint / "model.safetensors")
     name = "model.language_model.layers.2.mlp.down_proj.weight"
     tensor = weights[name].float()
     generator = torch.Generator().manual_seed(0)
     weights[name] = (tensor + torch.randn(tensor.shape, generator=generator) * tensor.std()).to(weights[name].dtype)
     save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
-    report = broken_run(tmp_path, tiny_checkpoint, server, checkpoint)
-    assert verdicts(report)["text"] is False
-    assert failed_checks(report, "text") & {"confident flips", "median |dlogprob| vs floor", "p99 |dlogprob| vs floor"}
-    plots = list((tmp_path / "out" / "plots").glob("*.png"))
+    return checkpoint
+
+
+@pytest.mark.engine(engines=3)
+@pytest.mark.server
+def test_broken_candidates_fail_on_their_subset_and_a_healthy_one_passes_against_its_floor(
+        tmp_path, tiny_checkpoint, server):
+    """One parity run, four candidates against HF fp32 with the shared server as the floor (the
+    reference and the floor are computed once): the shared server itself passes every bar,
+    floor-relative ones included; three servers broken for real fail, each on the subset it breaks:
+    a checkpoint whose vision merger is never reached, a server whose image slicing differs
+    (max_slice_nums 1 instead of the checkpoint's 9) and a checkpoint with one corrupted weight
+    tensor. The three start together."""
+    broken = {"no-merger": (skipped_vision_merger(tiny_checkpoint, tmp_path / "no-merger"),),
+              "slicing": (tiny_checkpoint, "--mm-processor-kwargs", '{"max_slice_nums": 1}'),
+              "corrupted": (corrupted_weight(tiny_checkpoint, tmp_path / "corrupted"),)}
+    with contextlib.ExitStack() as stack:
+        servers = {name: start_server(checkpoint, tmp_path / f"{name}.log", *args)
+                   for name, (checkpoint, *args) in broken.items()}
+        for srv in servers.values():
+            stack.callback(srv.stop)
+        for srv in servers.values():
+            srv.wait_ready()
+        candidates = [server.base_url, *(srv.base_url for srv in servers.values())]
+        process, report = run_parity(
+            tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", *(f"--candidate={url}" for url in candidates),
+            "--floor", server.base_url, "--prompt", DEFAULT_OPTION_PROMPTS, *TINY_MODEL_THRESHOLDS)
+    print(process.stdout)
+    assert process.returncode == 1, process.stdout + process.stderr
+    assert not report["passed"]
+    assert [c["label"] for c in report["candidates"]] == candidates
+    # The floor (HF fp32 vs the healthy shared server) passes on its own: the failures are the candidates'.
+    assert all(verdicts(report["floor"]).values()), verdicts(report["floor"])
+    healthy, no_merger, slicing, corrupted = report["candidates"]
+    checks = [c for s in healthy["evaluation"]["subsets"].values() for c in s["checks"]]
+    assert {c["check"] for c in checks} >= {"median |dlogprob| vs floor", "p99 |dlogprob| vs floor", "top-1 vs floor"}
+    assert all(c["passed"] for c in checks) and healthy["evaluation"]["passed"]
+    assert verdicts(no_merger) == {"text": True, "image": False, "multi-image": False}
+    assert verdicts(slicing) == {"text": True, "image": False, "multi-image": False}
+    assert "prompt ids identical" in failed_checks(slicing, "image")
+    markdown = (tmp_path / "out" / "parity.md").read_text()
+    slicing_section = markdown.split("## Candidate 3:")[1].split("## Candidate 4:")[0]
+    assert "image-1084x820" in slicing_section and "token ids differ from index" in slicing_section
+    assert verdicts(corrupted)["text"] is False
+    assert failed_checks(corrupted, "text") & {"confident flips", "median |dlogprob| vs floor", "p99 |dlogprob| vs floor"}
+    plots = list((tmp_path / "out" / "plots").glob("candidate4-*.png"))
     assert plots and all(p.stat().st_size > 1000 for p in plots)  # |delta logprob| per position, failing prompts
