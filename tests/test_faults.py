@@ -1,5 +1,7 @@
-"""Load and faults against the real vLLM CPU server: overload, SIGTERM with requests in flight,
-engine death, slow start. Each test owns its server (one at a time) and always stops it.
+"""Load and faults against the real vLLM CPU server, started as an orchestrator starts it: the
+embedded default model, exec (no wrapper process), overload, SIGTERM with requests in flight,
+engine death, slow start (bad settings: test_bad_config.py). Each test owns its server and always
+stops it.
 
 The figures (latencies, RSS, timings) are printed for the report (`pytest -s`), never asserted:
 this machine is shared. Every wait is bounded.
@@ -22,6 +24,7 @@ import time
 
 import pytest
 
+from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
 from support import raw_http
 from support.images import png_url
 from support.server import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
@@ -253,15 +256,27 @@ def stop_all(srv) -> None:
 
 
 @pytest.mark.engine(engines=1)
-def test_overload_then_sigterm_with_requests_in_flight(tiny_checkpoint, tmp_path):
-    """Five bursts of 64 concurrent mixed text/image requests against MAX_NUM_SEQS=4, then
-    SIGTERM while two short and two long requests (one of them streaming) run, with
-    SHUTDOWN_TIMEOUT=12; during the drain /health, /metrics and a new request."""
-    srv = start_server(tiny_checkpoint, tmp_path / "server.log",
+def test_overload_then_sigterm_with_requests_in_flight(tmp_path):
+    """The entrypoint as an orchestrator starts it: no MODEL_PATH, so the launcher generates the
+    embedded tiny checkpoint into the cache directory, says loudly that its weights are random and
+    execs vLLM (no wrapper process). Then BURSTS bursts of 64 concurrent mixed text/image requests
+    against MAX_NUM_SEQS=4, and SIGTERM while two short and two long requests (one of them
+    streaming) run, with SHUTDOWN_TIMEOUT=12; during the drain /health, /metrics and a new request."""
+    cache = tmp_path / "cache"
+    srv = start_server(None, tmp_path / "server.log", MINICPMV_CACHE_DIR=str(cache),
                        MAX_NUM_SEQS=str(MAX_NUM_SEQS), SHUTDOWN_TIMEOUT=str(SHUTDOWN_TIMEOUT_S))
     try:
         print(f"\nserver ready in {srv.wait_ready():.1f} s")
-        pid = srv.process.pid  # the launcher execs: this is vLLM's API server
+        log = srv.log_path.read_text()
+        assert "RANDOM" in log and "MODEL_PATH" in log, "the random-weights warning is missing"
+        assert any(cache.rglob("config.json")), "the embedded checkpoint was not generated in the cache dir"
+        # The CPU binding default reached vLLM: on a small host no core is kept from the model.
+        small_host = usable_cpus() <= SMALL_CPU_HOST_MAX_CPUS
+        assert ("reserved_cpus=[]" in log) == small_host, re.findall(r"core ids=.*|reserved_cpus=.*", log)
+        # exec: the PID the orchestrator started is now vLLM's API server, not a wrapper around it.
+        pid = srv.process.pid
+        args = pathlib.Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        assert "minicpmv_ascend.vllm_cli" in args and "serve" in args, args
 
         rss = [server_rss(pid)]
         print(f"RSS MiB before: {rss[0]}")
