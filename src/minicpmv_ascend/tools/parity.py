@@ -176,6 +176,18 @@ class HFReference:
         return self.processor.tokenizer.decode(ids)
 
 
+def refuses_processor_options(exc: RequestFailed) -> bool:
+    """vLLM >= 0.32 refuses per-request mm_processor_kwargs unless started with --trust-request-mm-kwargs."""
+    return "--trust-request-mm-kwargs" in str(exc)
+
+
+def processor_options_refused(label: str, prompt: Prompt) -> ParityUsageError:
+    return ParityUsageError(
+        f"{label} refuses the per-request mm_processor_kwargs of prompt {prompt.id} "
+        f"({json.dumps(prompt.mm_processor_kwargs)}): start that server with --trust-request-mm-kwargs, "
+        "or leave such prompts out with --prompt / --subset")
+
+
 class Endpoint:
     """A vLLM OpenAI-compatible server."""
 
@@ -210,6 +222,19 @@ class Endpoint:
         if prompt.mm_processor_kwargs:
             payload["mm_processor_kwargs"] = prompt.mm_processor_kwargs
         return self.client.post_json("/v1/chat/completions", payload)
+
+    def check_processor_options(self, prompt: Prompt) -> None:
+        """Ask once, with a one-token text request carrying `prompt`'s mm_processor_kwargs, whether
+        this server accepts per-request processor options: before the reference runs (minutes on
+        a real model), not at the first prompt that has them."""
+        try:
+            self.client.post_json("/v1/chat/completions", {
+                "model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                "mm_processor_kwargs": prompt.mm_processor_kwargs})
+        except RequestFailed as exc:
+            if refuses_processor_options(exc):
+                raise processor_options_refused(self.label, prompt) from exc
+            # anything else is the prompt loop's to report, on the prompt itself
 
     def greedy(self, prompt: Prompt, max_tokens: int) -> Greedy:
         response = self._chat(
@@ -320,12 +345,8 @@ def compare_case(case: ReferenceCase, run, free_tokens: int, confident_gap: floa
             return result
         forced = run.teacher_force(case.prompt, case.continuation, len(case.greedy.prompt_ids))
     except RequestFailed as exc:
-        if "--trust-request-mm-kwargs" in str(exc):  # vLLM >= 0.32 refuses per-request options by default
-            raise ParityUsageError(
-                f"{run.label} refuses the per-request mm_processor_kwargs of prompt {case.prompt.id} "
-                f"({json.dumps(case.prompt.mm_processor_kwargs)}): start that server with --trust-request-mm-kwargs, "
-                "or leave such prompts out with --prompt / --subset"
-            ) from exc
+        if refuses_processor_options(exc):
+            raise processor_options_refused(run.label, case.prompt) from exc
         result["error"] = str(exc)
         return result
     if forced.ids != case.forced.ids:
@@ -683,7 +704,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = {url: endpoint(url, "candidate") for url in args.candidate}
     if args.floor:
         runs[args.floor] = endpoint(args.floor, "floor")
-    if args.reference.startswith("hf:"):
+    hf_reference = args.reference.startswith("hf:")
+    if not hf_reference:
+        endpoint(args.reference, "reference")
+    with_options = next((p for p in prompts if p.mm_processor_kwargs), None)
+    if with_options is not None:
+        for server in endpoints.values():
+            server.check_processor_options(with_options)
+    if hf_reference:
         _log(f"loading the reference {args.reference} (transformers, fp32, CPU)")
         ref = HFReference(pathlib.Path(args.reference[3:]))
     else:
