@@ -1,7 +1,8 @@
 """Regression tests for the 5xx answers the API fuzzer found (docs/reliability.md, "Fuzzing").
 
-Each finding: the bug shown on vLLM 0.32's own code with the plugin off, gone with it on (a
-subprocess each, no server), and the real server answering the request that the fuzzer sent.
+Each finding: the bug shown on vLLM 0.32's own code with the plugin off, gone with it on (no
+server: every scenario below runs in one subprocess with the plugin on and one with it off, two
+vLLM imports in all), and the real server answering the request that the fuzzer sent.
 The one-token engine crash, the decompression-bomb image and the shutdown-drain 500s are fixed
 and tested elsewhere (plugin gdn-one-token-prefill and its tests).
 """
@@ -62,6 +63,36 @@ def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+# Runs each scenario's code (name -> code, as JSON in argv[1]) in this one process, each with globals
+# of its own; a scenario's `print("RESULT ...")` is its result.
+SCENARIOS_RUNNER = textwrap.dedent("""
+    import json, sys
+    out = {}
+    for name, code in json.loads(sys.argv[1]).items():
+        printed = []
+        exec(code, {"__name__": "scenario_" + name, "print": printed.append})
+        out[name] = json.loads(printed[-1].removeprefix("RESULT "))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+# The tests that read it run on one pytest-xdist worker, so that its two processes run once.
+SCENARIOS_GROUP = pytest.mark.xdist_group("fuzz-findings-scenarios")
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> dict[str, dict]:
+    """Every scenario's result with the plugin ("fixed") and without it ("bug")."""
+    codes = json.dumps({"validation": VALIDATION, "invocations": INVOCATIONS, "content_part": CONTENT_PART,
+                        "responses_input": RESPONSES_INPUT})
+    runner = f"import sys; sys.argv[1:] = [{codes!r}]\n" + SCENARIOS_RUNNER
+    return {"fixed": run_python(runner), "bug": run_python(runner, PLUGIN_OFF)}
+
+
+def fixed_and_bug(scenarios: dict[str, dict], name: str) -> tuple[dict, dict]:
+    return scenarios["fixed"][name], scenarios["bug"][name]
+
+
 VALIDATION = textwrap.dedent("""
     import json, types
     from fastapi import FastAPI
@@ -89,8 +120,9 @@ VALIDATION = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_request_type_400_bug_without_and_fix_with_the_plugin():
-    fixed, bug = run_python(VALIDATION), run_python(VALIDATION, PLUGIN_OFF)
+@SCENARIOS_GROUP
+def test_request_type_400_bug_without_and_fix_with_the_plugin(scenarios):
+    fixed, bug = fixed_and_bug(scenarios, "validation")
     assert bug["list"][0] == bug["string"][0] == 500  # the bug (the real server says "'list' object has no attribute 'get'")
     for name in ("list", "string"):
         status, text = fixed[name]
@@ -117,9 +149,10 @@ INVOCATIONS = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_request_type_400_covers_invocations():
+@SCENARIOS_GROUP
+def test_request_type_400_covers_invocations(scenarios):
     """/invocations catches only ValidationError from its TypeAdapters: the bug is a 500 there too."""
-    fixed, bug = run_python(INVOCATIONS), run_python(INVOCATIONS, PLUGIN_OFF)
+    fixed, bug = fixed_and_bug(scenarios, "invocations")
     assert bug["list"][0] == "AttributeError"  # escapes /invocations' `except pydantic.ValidationError`
     assert fixed["list"][0] == "ValidationError" and "`structured_outputs` must be a JSON object" in fixed["list"][1]
     assert fixed["ok"] == bug["ok"] == ["ok", "x"]
@@ -149,8 +182,9 @@ CONTENT_PART = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_content_part_400_bug_without_and_fix_with_the_plugin():
-    fixed, bug = run_python(CONTENT_PART), run_python(CONTENT_PART, PLUGIN_OFF)
+@SCENARIOS_GROUP
+def test_content_part_400_bug_without_and_fix_with_the_plugin(scenarios):
+    fixed, bug = fixed_and_bug(scenarios, "content_part")
     assert bug["text"][0] == bug["file"][0] == "AssertionError" and bug["file"][2] == 500  # the bug
     assert fixed["text"] == fixed["dict"] == bug["dict"] == ["ok", "x"]
     # parsed like the dict it was sent as: vLLM's own 400 for a part type it does not support
@@ -182,8 +216,9 @@ RESPONSES_INPUT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_responses_assistant_content_bug_without_and_fix_with_the_plugin():
-    fixed, bug = run_python(RESPONSES_INPUT), run_python(RESPONSES_INPUT, PLUGIN_OFF)
+@SCENARIOS_GROUP
+def test_responses_assistant_content_bug_without_and_fix_with_the_plugin(scenarios):
+    fixed, bug = fixed_and_bug(scenarios, "responses_input")
     assert bug["empty"][0::2] == ["IndexError", 500] and bug["refusal"][0::2] == ["AttributeError", 500]  # the bug
     # served like upstream PR #49130: the refusal's text, or "" for empty content
     assert fixed["empty"] == ["ok", {"role": "assistant", "content": ""}]

@@ -203,14 +203,18 @@ def join_shared_group(item: pytest.Item) -> None:
     """Under `make test`'s pytest-xdist workers (--dist loadgroup) every test of the shared servers
     runs on one worker, so each shared server starts once per run, not once per worker."""
     item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
-    # pytest-xdist 3.8.0 tells its scheduler an item's group by appending "@group" to the item's
-    # `_nodeid`, which pytest 9.2 no longer reads (its ids are `_id`): the group is then silently
-    # ignored (pytest-xdist #1386; the fix, #1388, is not released). Appended here to the id pytest
-    # reads, before xdist's hook runs (tryfirst below); tests/test_tiers.py shows the grouping.
+
+
+def apply_xdist_group(item: pytest.Item, group: str) -> None:
+    """Make an `xdist_group` mark hold. pytest-xdist 3.8.0 tells its scheduler an item's group by
+    appending "@group" to the item's `_nodeid`, which pytest 9.2 no longer reads (its ids are `_id`):
+    the group is then silently ignored (pytest-xdist #1386; the fix, #1388, is not released).
+    Appended here to the id pytest reads, before xdist's hook runs (tryfirst below);
+    tests/test_tiers.py shows the grouping."""
     if getattr(item.config.option, "loadgroup", False) and "@" not in item.nodeid.rpartition("]")[2]:
         from _pytest.nodeid import NodeId
 
-        item._id = NodeId.parse(f"{item.nodeid}@{SHARED_GROUP}")
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook appends them to the ids)
@@ -225,6 +229,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         shared = sorted(SHARED_SERVERS & fixtures)
         if shared:
             join_shared_group(item)
+            apply_xdist_group(item, SHARED_GROUP)
+        elif (group := item.get_closest_marker("xdist_group")) is not None:  # a test module's own group
+            apply_xdist_group(item, group.args[0] if group.args else group.kwargs.get("name", "default"))
         if shared and "server" not in marked:
             problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
         elif "server" in marked and not shared:
