@@ -90,14 +90,13 @@ def test_endpoint_matrix_image_table_and_rooflines(server, tmp_path):
 
 @pytest.mark.server
 def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, tmp_path):
-    """The host-side cells (issue 16): one image of two sizes, each streamed and unstreamed (vLLM's
-    client can only stream; bench_client sends stream: false). The server under test is found by its
-    port, so its CPU time is not counted as contention. (Text cells, streamed: the matrix test above;
-    unstreamed text takes bench_client's path as the images do: no cell of its own.)"""
+    """The host-side cells (issue 16): one image of two sizes and a text cell, each streamed and
+    unstreamed (vLLM's client can only stream; bench_client sends stream: false). The server under
+    test is found by its port, so its CPU time is not counted as contention."""
     out = tmp_path / "bench"
     hits_before = mm_cache_hits(server)
     result = run_bench("endpoint", "--base-url", server.base_url, "--out", str(out), *SMALL, "--concurrency", "2",
-                       "--mixes", "image", "--image-size", "448x448,1344x1008", "--stream", "on,off",
+                       "--mixes", "text,image", "--image-size", "448x448,1344x1008", "--stream", "on,off",
                        "--no-roofline", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     # Each cell sends images the server has not seen (a seed per cell): one seed for all sent the
@@ -106,7 +105,8 @@ def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, t
     report = json.loads((out / "bench.json").read_text())
     assert report["server_pids"] == [server.process.pid]
     cells = {c["name"]: c for c in report["cells"]}
-    assert list(cells) == ["image 1x448x448 default-mode slices=default c=2",
+    assert list(cells) == ["text c=2", "text no-stream c=2",
+                           "image 1x448x448 default-mode slices=default c=2",
                            "image 1x448x448 default-mode slices=default no-stream c=2",
                            "image 1x1344x1008 default-mode slices=default c=2",
                            "image 1x1344x1008 default-mode slices=default no-stream c=2"]
