@@ -385,15 +385,20 @@ def test_by_default_image_urls_are_refused_without_fetching(guarded, image_host)
 
 
 @pytest.mark.server
-def test_file_urls_only_inside_the_allowed_directory(guarded, files, server) -> None:
+def test_file_urls_only_inside_the_allowed_directory(guarded, files) -> None:
     inside, outside = files / "media" / "red.png", files / "outside" / "blue.png"
     assert image_chat(guarded, inside.as_uri(), SECRET)[0] == 200
     for url in (outside.as_uri(), f"file://{files}/media/../outside/blue.png", "file:///etc/passwd"):
         status, body = image_chat(guarded, url, SECRET)
         assert status == 400 and "allowed-local-media-path" in body, (url, status, body)
-    # The shared server keeps the default (no directory): file:// is refused outright, with 400
-    # and how to send the image instead (vLLM 0.32 alone raises RuntimeError there: 500; the
-    # plugin's file-url-400 patch). Nothing is read and the server stays healthy.
+
+
+@pytest.mark.server
+def test_file_urls_are_refused_with_a_400_where_no_directory_is_allowed(files, server) -> None:
+    """The shared server keeps the default (no directory): file:// is refused outright, with 400
+    and how to send the image instead (vLLM 0.32 alone raises RuntimeError there: 500; the
+    plugin's file-url-400 patch). Nothing is read and the server stays healthy."""
+    inside = files / "media" / "red.png"
     status, body = image_chat(server, inside.as_uri())
     assert status == 400 and "Cannot load local files without `--allowed-local-media-path`" in body, body
     assert "data: URL" in body, body
