@@ -83,8 +83,8 @@ bench: venv
 # Every phase uses both cores (a test, a vLLM start or a pip install keeps about one busy; pip also
 # waits on the network): the setup steps run side by side (each its own venv; their logs are printed
 # when all are done), then the plugin's targets side by side, then the main suite on $(TEST_WORKERS)
-# pytest-xdist workers with the tests of the shared servers all on one of them, so that each shared
-# server starts once (tests/tiers.py, SHARED_GROUP). TEST_WORKERS=0: the main suite in one process.
+# pytest-xdist workers with the tests of each shared server all on one of them, so that each shared
+# server starts once (tests/tiers.py, shared_groups). TEST_WORKERS=0: the main suite in one process.
 TEST_WORKERS ?= 2
 TEST_SETUP := venv lint-tools py312 $(PLUGIN_TARGETS:%=venv-%) nginx fuzz-tools apps-tools
 TEST_TIMES := build/test-times

@@ -128,6 +128,19 @@ import pytest
 def test_asks_the_shared_server(server, i):
     time.sleep(0.2)
 
+@pytest.mark.server
+@pytest.mark.parametrize("i", range(2))
+def test_asks_the_other_server(other_server, i):
+    time.sleep(0.2)
+
+@pytest.mark.server
+def test_asks_the_other_and_the_47_server(other_server, server_47):
+    time.sleep(0.2)
+
+@pytest.mark.server
+def test_asks_the_47_server(server_47):
+    time.sleep(0.2)
+
 @pytest.mark.parametrize("i", range(4))
 def test_needs_no_server(i):
     time.sleep(0.2)
@@ -144,24 +157,43 @@ SHARED_FIXTURE = '''
 import os, pathlib
 import pytest
 
-@pytest.fixture(scope="session")
-def server():  # the shared servers' stand-in: records which worker started it
+def start(name):  # the shared servers' stand-ins: each records its name and the worker that started it
     with open(pathlib.Path(__file__).parent / "starts.txt", "a") as starts:
-        starts.write(os.environ.get("PYTEST_XDIST_WORKER", "no worker") + "\\n")
+        starts.write(name + " " + os.environ.get("PYTEST_XDIST_WORKER", "no worker") + "\\n")
+
+@pytest.fixture(scope="session")
+def server():
+    start("server")
+
+@pytest.fixture(scope="session")
+def other_server():
+    start("other_server")
+
+@pytest.fixture(scope="session")
+def server_47():
+    start("server_47")
 '''
 
 
 def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_worker(inner: pytest.Pytester) -> None:
     """`make test`'s two workers (--dist loadgroup): the tests of a shared server all run on one
-    worker, so the session fixture starts once (pytest 9.2 ignores pytest-xdist 3.8.0's own group
-    suffix: tests/tiers.py adds it); the engines the workers start are listed by the controller."""
+    worker, so each session fixture starts once (pytest 9.2 ignores pytest-xdist 3.8.0's own group
+    suffix: tests/tiers.py adds it); a test using two shared servers joins their groups; the
+    engines the workers start are listed by the controller."""
     inner.makeconftest(inner.path.joinpath("conftest.py").read_text() + SHARED_FIXTURE)
     inner.makepyfile(test_inner=SHARED)
     result = inner.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v")
-    result.assert_outcomes(passed=9)
-    assert len((inner.path / "starts.txt").read_text().splitlines()) == 1
-    workers = {line.split("]")[0] for line in result.outlines if "test_asks_the_shared_server" in line and "PASSED" in line}
-    assert len(workers) == 1, result.outlines
+    result.assert_outcomes(passed=13)
+    starts = sorted(line.split()[0] for line in (inner.path / "starts.txt").read_text().splitlines())
+    assert starts == ["other_server", "server", "server_47"], starts
+
+    def workers(*names: str) -> set[str]:
+        return {line.split("]")[0] for line in result.outlines if "PASSED" in line and any(n in line for n in names)}
+
+    assert len(workers("test_asks_the_shared_server")) == 1, result.outlines
+    assert len(workers("test_asks_the_other", "test_asks_the_47")) == 1, result.outlines
+    groups = {line.rpartition("@")[2].split()[0] for line in result.outlines if "PASSED" in line and "@" in line}
+    assert groups == {"shared-server", "shared-other_server+server_47"}, result.outlines
     result.stdout.fnmatch_lines(["*0 API servers, 1 engine cores, by test:*",
                                  "*test_starts_an_engine: 1 x STAND-IN-VLLM::EngineCore_0*"])
 

@@ -41,7 +41,7 @@ POLL_S = 0.5  # vLLM, and a Python that imports torch, live for seconds: sampled
 PY312_VENV = "/.venv-py312/"  # in the command line of a process of the 3.12 venv (tests/test_tiers.py swaps it)
 TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has imported torch
 
-SHARED_GROUP = "shared-servers"  # pytest-xdist group: the shared servers start on one worker only
+SHARED_GROUP = "shared-"  # pytest-xdist groups of a shared server's tests: "shared-server", "shared-server_47" ...
 STARTED = "vllm started"  # the reports' user property naming each vLLM process a test started
 
 _allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
@@ -199,10 +199,18 @@ def engines_declared(item: pytest.Item) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def join_shared_group(item: pytest.Item) -> None:
-    """Under `make test`'s pytest-xdist workers (--dist loadgroup) every test of the shared servers
-    runs on one worker, so each shared server starts once per run, not once per worker."""
-    item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
+def shared_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Shared server fixture -> its pytest-xdist group. Under `make test`'s workers (--dist
+    loadgroup) the tests of one shared server run on one worker, so that it starts once per run,
+    not once per worker; different shared servers' tests may run on different workers (the suite
+    balances better), unless one test uses several: those share a group."""
+    group = {name: {name} for name in SHARED_SERVERS}
+    for item in items:
+        used = SHARED_SERVERS & set(getattr(item, "fixturenames", ()))
+        merged = set().union(*(group[name] for name in used))
+        for name in merged:
+            group[name] = merged
+    return {name: SHARED_GROUP + "+".join(sorted(members)) for name, members in group.items()}
 
 
 def apply_xdist_group(item: pytest.Item, group: str) -> None:
@@ -220,6 +228,7 @@ def apply_xdist_group(item: pytest.Item, group: str) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook appends them to the ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
+    groups = shared_groups(items)
     for item in items:
         marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
         if "engine" in marked and engines_declared(item) is None:
@@ -228,8 +237,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = set(getattr(item, "fixturenames", ()))
         shared = sorted(SHARED_SERVERS & fixtures)
         if shared:
-            join_shared_group(item)
-            apply_xdist_group(item, SHARED_GROUP)
+            group = groups[shared[0]]
+            item.add_marker(pytest.mark.xdist_group(group))
+            apply_xdist_group(item, group)
         elif (group := item.get_closest_marker("xdist_group")) is not None:  # a test module's own group
             apply_xdist_group(item, group.args[0] if group.args else group.kwargs.get("name", "default"))
         if shared and "server" not in marked:
