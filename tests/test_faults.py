@@ -298,11 +298,14 @@ def test_overload_then_sigterm_with_requests_in_flight(tmp_path):
 
         short_tokens = short_tokens_that_fit(srv.base_url, srv.model)
         print(f"short in-flight requests: {short_tokens} tokens")
-        short = [start_in_flight(i, short_tokens) for i in (0, 1)]
+        # The long ones first (they run for tens of seconds), then the short ones: all 4 run for as
+        # long as a short one does. Started together, the short ones could finish (~1-3 s) before
+        # the long ones were scheduled on a loaded machine, and the moment never came.
         long = [start_in_flight(2, LONG_TOKENS)]
         streamed = in_background(post_stream, srv.base_url, chat_body(srv.model, 4, LONG_TOKENS, ignore_eos=True),
                                  IN_FLIGHT_CLIENT_TIMEOUT_S)  # the other long one streams
-        # A short request runs ~1 s: look often, or the moment all 4 run can pass unseen.
+        wait_until(lambda: running_requests(srv.base_url) >= 2, 60, "the 2 long requests running", interval=0.05)
+        short = [start_in_flight(i, short_tokens) for i in (0, 1)]
         wait_until(lambda: running_requests(srv.base_url) >= 4, 60, "4 requests running", interval=0.05)
         sigterm_at = time.monotonic()
         srv.process.send_signal(signal.SIGTERM)
