@@ -16,11 +16,12 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from minicpmv_ascend.tools import parity_prompts
-from support.server import OTHER_SERVER_KEY, REPO, clean_env, free_port, start_server
+from support.server import OTHER_SERVER_KEY, REPO, SERVER_READY_TIMEOUT_S, clean_env, free_port, start_server
 
 PARITY_TIMEOUT_S = 1200  # the whole built-in set took ~2 min here; generous for a loaded CI machine
 # Prompts the shared server accepts (it is started without --trust-request-mm-kwargs, so it refuses
@@ -243,12 +244,14 @@ def test_broken_candidates_fail_on_their_subset_and_a_healthy_one_passes_against
               "slicing": (tiny_checkpoint, "--mm-processor-kwargs", '{"max_slice_nums": 1}'),
               "corrupted": (corrupted_weight(tiny_checkpoint, tmp_path / "corrupted"),)}
     with contextlib.ExitStack() as stack:
+        started = time.monotonic()
         servers = {name: start_server(checkpoint, tmp_path / f"{name}.log", *args)
                    for name, (checkpoint, *args) in broken.items()}
         for srv in servers.values():
             stack.callback(srv.stop)
-        for srv in servers.values():
-            srv.wait_ready()
+        for name, srv in servers.items():  # three starts share the two cores: three times one's bound
+            srv.wait_ready(timeout=3 * SERVER_READY_TIMEOUT_S)
+            print(f"{name} server ready {time.monotonic() - started:.1f} s after the three started")
         candidates = [server.base_url, *(srv.base_url for srv in servers.values())]
         process, report = run_parity(
             tmp_path / "out", "--reference", f"hf:{tiny_checkpoint}", *(f"--candidate={url}" for url in candidates),
