@@ -63,12 +63,12 @@ def run_python(code: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-# Runs each scenario's code (name -> code, as JSON in argv[1]) in this one process, each with globals
-# of its own; a scenario's `print("RESULT ...")` is its result.
+# Runs each scenario's code (CODES: name -> code, prepended by the fixture) in this one process, each
+# with globals of its own; a scenario's `print("RESULT ...")` is its result.
 SCENARIOS_RUNNER = textwrap.dedent("""
-    import json, sys
+    import json
     out = {}
-    for name, code in json.loads(sys.argv[1]).items():
+    for name, code in CODES.items():
         printed = []
         exec(code, {"__name__": "scenario_" + name, "print": printed.append})
         out[name] = json.loads(printed[-1].removeprefix("RESULT "))
@@ -83,9 +83,9 @@ SCENARIOS_GROUP = pytest.mark.xdist_group("fuzz-findings-scenarios")
 @pytest.fixture(scope="module")
 def scenarios() -> dict[str, dict]:
     """Every scenario's result with the plugin ("fixed") and without it ("bug")."""
-    codes = json.dumps({"validation": VALIDATION, "invocations": INVOCATIONS, "content_part": CONTENT_PART,
-                        "responses_input": RESPONSES_INPUT})
-    runner = f"import sys; sys.argv[1:] = [{codes!r}]\n" + SCENARIOS_RUNNER
+    codes = {"validation": VALIDATION, "invocations": INVOCATIONS, "content_part": CONTENT_PART,
+             "responses_input": RESPONSES_INPUT}
+    runner = f"CODES = {codes!r}\n" + SCENARIOS_RUNNER
     return {"fixed": run_python(runner), "bug": run_python(runner, PLUGIN_OFF)}
 
 

@@ -240,8 +240,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = groups[shared[0]]
             item.add_marker(pytest.mark.xdist_group(group))
             apply_xdist_group(item, group)
-        elif (group := item.get_closest_marker("xdist_group")) is not None:  # a test module's own group
-            apply_xdist_group(item, group.args[0] if group.args else group.kwargs.get("name", "default"))
+        elif (mark := item.get_closest_marker("xdist_group")) is not None:  # a test module's own group
+            apply_xdist_group(item, mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
         if shared and "server" not in marked:
             problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
         elif "server" in marked and not shared:

@@ -704,18 +704,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs = {url: endpoint(url, "candidate") for url in args.candidate}
     if args.floor:
         runs[args.floor] = endpoint(args.floor, "floor")
-    hf_reference = args.reference.startswith("hf:")
-    if not hf_reference:
-        endpoint(args.reference, "reference")
+    ref: HFReference | Endpoint | None = None if args.reference.startswith("hf:") else endpoint(args.reference, "reference")
     with_options = next((p for p in prompts if p.mm_processor_kwargs), None)
-    if with_options is not None:
+    if with_options is not None:  # every server asked before the HF reference loads (minutes)
         for server in endpoints.values():
             server.check_processor_options(with_options)
-    if hf_reference:
+    if ref is None:
         _log(f"loading the reference {args.reference} (transformers, fp32, CPU)")
         ref = HFReference(pathlib.Path(args.reference[3:]))
-    else:
-        ref = endpoint(args.reference, "reference")
 
     results: dict[str, list[dict[str, Any]]] = {url: [] for url in runs}
     cases_out = []
