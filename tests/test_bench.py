@@ -127,6 +127,23 @@ def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, t
     assert "other cores" in (out / "bench.md").read_text()
 
 
+@pytest.mark.slow  # the roofline reads the weights' shapes: the generated checkpoint
+def test_batch1_roofline_skips_a_cell_whose_answer_came_in_one_chunk(tiny_checkpoint):
+    """A short answer streamed in one chunk has a TPOT of ~0 and no decode rate (seen on a loaded
+    2-core machine with 4-token text cells): the batch-1 roofline takes the next batch-1 cell that
+    measured one, not None."""
+    from minicpmv_ascend.tools import bench
+
+    def cell(name: str, mix: str, concurrency: int, decode: float | None) -> dict:
+        return {"name": name, "mix": mix, "images": 0, "concurrency": concurrency, "input_len": 16,
+                "output_len": 4, "metrics": {"decode_tokens_per_s_per_request": decode, "output_throughput": 50.0}}
+
+    records = [cell("text c=1", "text", 1, None), cell("text c=2", "text", 2, None), cell("table c=1", "table", 1, 190.0)]
+    roof = bench.rooflines(records, tiny_checkpoint, {"mem_bandwidth_gbs": 40, "matmul_tflops_bf16": 1.5})
+    assert roof["batch1"]["cell"] == "table c=1" and roof["batch1"]["ratio"] > 0
+    assert roof["large_batch"]["cell"] == "text c=2"
+
+
 def test_matrix_expresses_the_issue_16_cells():
     """Item 2's host-side cells (sizes, modes, several images, streaming vs not) and item 1's A/B
     matrix are each one command line; the cells carry what vLLM's client needs."""

@@ -441,7 +441,8 @@ def rooflines(records: Sequence[dict[str, Any]], model_dir: pathlib.Path, hw: Ma
         "batch1_bandwidth_ceiling_tok_s": roofline.bandwidth_ceiling(cost, bw),
         "compute_ceiling_tok_s": roofline.compute_ceiling(cost, tflops),
     }
-    single = [r for r in text if r["concurrency"] == 1]
+    # The first batch-1 cell that measured decoding (a short answer streamed in one chunk did not).
+    single = [r for r in text if r["concurrency"] == 1 and r["metrics"]["decode_tokens_per_s_per_request"]]
     if single:
         achieved = single[0]["metrics"]["decode_tokens_per_s_per_request"]
         out["batch1"] = {"cell": single[0]["name"], "decode_tok_s": achieved,
