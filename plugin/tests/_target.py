@@ -24,6 +24,7 @@ states which patches it wants (`apply(...)`), exactly as the plugin would apply 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import sys
@@ -323,32 +324,141 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
     return full_env
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
-    """Run `code` with this venv's python (a fresh vLLM process); returns CompletedProcess."""
+# Most of each process these tests start is importing vLLM: ~10 CPU-seconds, about twenty times
+# per target run. They are forked from one process (multiprocessing's fork server) that has
+# imported what vLLM's API server has imported when it loads plugins, vllm.engine.arg_utils (where
+# test_register's PROBE, which measures what the plugin's register() imports, starts too), and
+# nothing of the plugin; each gets what a fresh `python -c` or `python script` of its own would
+# have: its environment, working directory, sys.path, argv, output, exit code and signals. Not
+# for a script that sets what vLLM reads when it is imported (ascend_check.py's
+# VLLM_LOGGING_STREAM): that one runs in a fresh interpreter.
+ZYGOTE_PRELOAD = ("vllm.engine.arg_utils",)
+
+
+@functools.cache
+def _zygote() -> Any:
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(ZYGOTE_PRELOAD))
+    return context
+
+
+@functools.cache
+def _fresh_sys_path() -> tuple[str, ...]:
+    """sys.path of a fresh `python -c` of this venv without PYTHONPATH ('' first)."""
+    import json
     import subprocess
 
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          env=_env(env), cwd=REPO)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path))"],
+                          capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    return tuple(json.loads(done.stdout))
+
+
+def _become(argv: list[str], env: dict[str, str], fresh: tuple[str, ...], outputs: tuple[str, str],
+            new_session: bool) -> None:
+    """The forked child: become `python -c CODE ARGS` or `python SCRIPT ARGS` (argv without the
+    interpreter) with `env`, stdout and stderr going to `outputs` (the same file: merged)."""
+    import runpy
+
+    if new_session:
+        os.setsid()
+    os.chdir(REPO)
+    os.environ.clear()
+    os.environ.update(env)
+    script = argv[0] != "-c"
+    first = os.path.dirname(os.path.abspath(argv[0])) if script else fresh[0]
+    sys.path[:] = [first, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *fresh[1:]]
+    sys.argv = argv if script else ["-c", *argv[2:]]
+    for fd, path in zip((1, 2), outputs):
+        file = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(file, fd)
+        os.close(file)
+    # multiprocessing's bootstrap then does what the interpreter would: SystemExit's code is the
+    # exit code, an exception's traceback goes to stderr and exits 1, the streams are flushed.
+    if script:
+        runpy.run_path(argv[0], run_name="__main__")
+    else:
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+
+
+class Forked:
+    """A process forked from the zygote as `python ARGV`, with the parts of subprocess.Popen's
+    interface these tests use (pid, poll, wait) and its output read from files."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, merge_output: bool = False,
+                 new_session: bool = False) -> None:
+        self.directory = tempfile.TemporaryDirectory(prefix="forked-python-")
+        names = ("output", "output") if merge_output else ("stdout", "stderr")
+        self.outputs = tuple(os.path.join(self.directory.name, name) for name in names)
+        for path in self.outputs:
+            open(path, "w").close()
+        self.args = [sys.executable, *argv]
+        self.process = _zygote().Process(target=_become,
+                                         args=(argv, _env(env), _fresh_sys_path(), self.outputs, new_session))
+        self.process.start()
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.process.exitcode
+
+    def output(self, index: int = 0) -> str:
+        return pathlib.Path(self.outputs[index]).read_text(errors="replace")
+
+    def follow(self) -> Iterable[str]:
+        """Its output's lines as they are written, until it has exited."""
+        import time
+
+        with open(self.outputs[0], errors="replace") as file:
+            pending = ""
+            while True:
+                exited = self.poll() is not None
+                pending += file.read()
+                *lines, pending = pending.split("\n")
+                yield from (line + "\n" for line in lines)
+                if exited:
+                    break
+                time.sleep(0.1)
+            if pending:
+                yield pending
+
+    def communicate(self, timeout: float) -> Any:
+        """wait(), killing it past `timeout`; a CompletedProcess (subprocess.run's timeout error)."""
+        import subprocess
+
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.join()
+            raise subprocess.TimeoutExpired(self.args, timeout, self.output(0), self.output(1)) from None
+        return subprocess.CompletedProcess(self.args, self.process.exitcode, self.output(0), self.output(1))
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
+    """Run `code` as this venv's `python -c code *args` would, forked from the zygote above (a
+    process of its own, with vLLM's API server's imports done); returns a CompletedProcess."""
+    return Forked(["-c", code, *args], env).communicate(timeout)
 
 
 def results_each(code: str, *envs: dict[str, str] | None, timeout: float = 300) -> list[dict[str, Any]]:
     """The `RESULT {json}` line of `code` run once per environment in `envs`, the processes side by
-    side (most of each is vLLM's import); each must exit 0."""
+    side; each must exit 0."""
     import json
-    import subprocess
 
-    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=_env(env), cwd=REPO) for env in envs]
-    try:
-        outputs = [process.communicate(timeout=timeout) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+    processes = [Forked(["-c", code], env) for env in envs]
     results = []
-    for process, (stdout, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr[-3000:]
-        line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
+    for process in [p.communicate(timeout) for p in processes]:
+        assert process.returncode == 0, process.stderr[-3000:]
+        line = next(l for l in process.stdout.splitlines() if l.startswith("RESULT "))
         results.append(json.loads(line.removeprefix("RESULT ")))
     return results

@@ -19,7 +19,6 @@ import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from _target import REPO, SERVER_PATCHES, results_each, run_python
+from _target import SERVER_PATCHES, Forked, results_each, run_python
 
 HARNESS = pathlib.Path(__file__).with_name("serve_harness.py")
 PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
@@ -51,7 +50,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def harnesses(mode: str, *envs: dict[str, str] | None) -> Iterator[tuple[subprocess.Popen, ...]]:
+def harnesses(mode: str, *envs: dict[str, str] | None) -> Iterator[tuple[Forked, ...]]:
     """serve_harness.py with the plugin and with MINICPMV_ASCEND_PLUGIN=off (or with each of
     `envs`), started together (most of each run is vLLM's import, or waiting for a hang); all are
     killed on the way out."""
@@ -65,22 +64,19 @@ def harnesses(mode: str, *envs: dict[str, str] | None) -> Iterator[tuple[subproc
                 process.wait()
 
 
-def start(mode: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    full_env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS" and not k.startswith("MINICPMV_")}
-    full_env.update(env or {})
-    process = subprocess.Popen([sys.executable, str(HARNESS), str(free_port()), mode], env=full_env, cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start(mode: str, env: dict[str, str] | None = None) -> Forked:
+    """`python serve_harness.py PORT MODE` in a session of its own (forked from the zygote)."""
+    process = Forked([str(HARNESS), str(free_port()), mode], env, merge_output=True, new_session=True)
     process.started = time.monotonic()  # type: ignore[attr-defined]
-    # Read as it comes: a harness waited for later must not block on a full pipe, and a hang is
-    # timed from the SIGTERM line it prints.
+    # Read as it comes: a hang is timed from the SIGTERM line it prints.
     process.lines = []  # type: ignore[attr-defined]
-    process.reader = threading.Thread(target=lambda: process.lines.extend(iter(process.stdout.readline, "")),
+    process.reader = threading.Thread(target=lambda: process.lines.extend(process.follow()),
                                       daemon=True)  # type: ignore[attr-defined]
     process.reader.start()
     return process
 
 
-def finish(process: subprocess.Popen, timeout: float = HARNESS_TIMEOUT_S) -> tuple[int | None, dict, str]:
+def finish(process: Forked, timeout: float = HARNESS_TIMEOUT_S) -> tuple[int | None, dict, str]:
     """(exit code or None if it did not exit within `timeout` of its start, RESULT, output)."""
     try:
         code: int | None = process.wait(timeout=max(0.0, timeout - (time.monotonic() - process.started)))
@@ -94,7 +90,7 @@ def finish(process: subprocess.Popen, timeout: float = HARNESS_TIMEOUT_S) -> tup
     return code, json.loads(line.removeprefix("RESULT ")), output
 
 
-def finish_after_sigterm(process: subprocess.Popen, wait_s: float = HANG_WAIT_S) -> tuple[int | None, dict, str]:
+def finish_after_sigterm(process: Forked, wait_s: float = HANG_WAIT_S) -> tuple[int | None, dict, str]:
     """`finish`, giving the harness `wait_s` from the SIGTERM it sends itself (its start is vLLM's
     import, which takes longer while other harnesses start beside it)."""
     deadline = process.started + HARNESS_TIMEOUT_S
@@ -147,7 +143,7 @@ def error_message(out: dict, key: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def shutdown_harnesses(target) -> Iterator[dict[str, tuple[subprocess.Popen, ...]]]:
+def shutdown_harnesses(target) -> Iterator[dict[str, tuple[Forked, ...]]]:
     """The sigterm and the drain scenario, each with and without the plugin, all four started
     together: most of each run is vLLM's import or waiting out the bug's hang (HANG_WAIT_S), so
     the two tests' waits overlap instead of adding up (they took 75 s each, one after the other)."""
@@ -507,9 +503,7 @@ def test_server_patches_wrap_every_place_of_this_layout(target):
     assert holders["run_server"] <= set(engine_death_exit.RUN_SERVER_MODULES), holders
     assert len(holders["terminate_if_errored"]) >= 2 and "vllm.entrypoints.cli.serve" in holders["run_server"]
 
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS" and not k.startswith("MINICPMV_")}
-    proc = subprocess.run([sys.executable, "-c", WRAPPED, json.dumps({k: sorted(v) for k, v in holders.items()})],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    proc = run_python(WRAPPED, json.dumps({k: sorted(v) for k, v in holders.items()}))
     assert proc.returncode == 0, proc.stderr[-3000:]
     wrapped = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
     for place, is_wrapped in wrapped.items():
