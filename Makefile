@@ -25,11 +25,6 @@ define check_python
 	exit 2; }
 endef
 
-# Every venv's pip install: quiet, and no byte-compiling of what it installs. pip compiles every
-# file (compileall of .venv-vllm030's 15.7k files: 73 CPU-s, measured; the test venvs hold ~55k),
-# most never imported; Python compiles a module when it is first imported and keeps the .pyc.
-PIP_FLAGS := --quiet --no-compile
-
 # torch's +cpu builds (the locks pin torch==2.13.0+cpu) are on PyTorch's CPU wheel index, not on
 # PyPI. The same variable and default as Dockerfile.cpu and compose's cpu profile (a test keeps the
 # three equal); a mirror: make venv TORCH_INDEX_URL=https://mirror.example/whl/cpu; empty: none (a
@@ -39,7 +34,7 @@ PIP_FLAGS := --quiet --no-compile
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 # $(call install_torch,VENV,FILE): the torch pin of FILE into VENV, from TORCH_INDEX_URL
 install_torch = @echo "== $$(grep -m1 '^torch==' $(2)) from $(or $(TORCH_INDEX_URL),the default index)" && \
-	$(1)/bin/pip install $(PIP_FLAGS) --no-deps \
+	$(1)/bin/pip install --quiet --no-deps \
 	$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL) )"$$(grep -m1 '^torch==' $(2))"
 
 VENV := .venv
@@ -61,8 +56,8 @@ $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
 	@echo "== creating $(VENV) from requirements/cpu.lock with $(PYTHON) (cold: a few minutes; then cached)"
 	$(PYTHON) -m venv $(VENV)
 	$(call install_torch,$(VENV),requirements/cpu.lock)
-	$(VPY) -m pip install $(PIP_FLAGS) --no-deps -r requirements/cpu.lock
-	$(VPY) -m pip install $(PIP_FLAGS) --no-deps -e .
+	$(VPY) -m pip install --quiet --no-deps -r requirements/cpu.lock
+	$(VPY) -m pip install --quiet --no-deps -e .
 	$(VPY) scripts/torchvision_cpu_shim.py
 	@touch $@
 
@@ -163,8 +158,8 @@ $(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP): .venv-%/.installed: requirements/%.lock p
 	@echo "== creating .venv-$* from requirements/$*.lock (a target's vLLM on the CPU, for plugin/tests)"
 	rm -rf .venv-$* && $(PYTHON) -m venv .venv-$*
 	$(call install_torch,.venv-$*,requirements/$*.lock)
-	.venv-$*/bin/python -m pip install $(PIP_FLAGS) --no-deps -r requirements/$*.lock
-	.venv-$*/bin/python -m pip install $(PIP_FLAGS) --no-deps -e .
+	.venv-$*/bin/python -m pip install --quiet --no-deps -r requirements/$*.lock
+	.venv-$*/bin/python -m pip install --quiet --no-deps -e .
 	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
 	@touch $@
 
@@ -201,7 +196,7 @@ PY312_VENV := .venv-py312
 py312: $(PY312_VENV)/.installed
 $(PY312_VENV)/.installed: pyproject.toml
 	rm -rf $(PY312_VENV) && $(PY312) -m venv $(PY312_VENV)
-	$(PY312_VENV)/bin/pip install $(PIP_FLAGS) -c requirements/cpu.lock -e .
+	$(PY312_VENV)/bin/pip install --quiet -c requirements/cpu.lock -e .
 	@touch $@
 
 # Re-resolve requirements/cpu.in into requirements/cpu.lock in a scratch venv.
@@ -209,7 +204,7 @@ lock:
 	$(check_python)
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
 	$(call install_torch,.venv-lock,requirements/cpu.in)
-	.venv-lock/bin/pip install $(PIP_FLAGS) -r requirements/cpu.in
+	.venv-lock/bin/pip install --quiet -r requirements/cpu.in
 	.venv-lock/bin/pip uninstall --quiet -y torchaudio torchcodec
 	{ sed -n '1,3p' requirements/cpu.lock; .venv-lock/bin/pip freeze; } > requirements/cpu.lock.new
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
@@ -228,7 +223,7 @@ $(LINT_STAMP): requirements/lint.txt
 	$(check_python)
 	@echo "== creating $(LINT_VENV) from requirements/lint.txt"
 	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
-	$(LINT_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -r requirements/lint.txt
+	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
 	@touch $@
 
 # nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf in
@@ -252,7 +247,7 @@ $(FUZZ_STAMP): requirements/fuzz.txt
 	$(check_python)
 	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
 	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
-	$(FUZZ_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -r requirements/fuzz.txt
+	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt
 	@touch $@
 
 # The application frameworks (LangChain's ChatOpenAI, requirements/apps.txt) in their own venv, so
@@ -266,7 +261,7 @@ $(APPS_STAMP): requirements/apps.txt
 	$(check_python)
 	@echo "== creating $(APPS_VENV) from requirements/apps.txt"
 	rm -rf $(APPS_VENV) && $(PYTHON) -m venv $(APPS_VENV)
-	$(APPS_VENV)/bin/pip install $(PIP_FLAGS) --no-deps -r requirements/apps.txt
+	$(APPS_VENV)/bin/pip install --quiet --no-deps -r requirements/apps.txt
 	@touch $@
 
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
