@@ -53,7 +53,8 @@ def result(proc) -> dict:
 
 @pytest.fixture(scope="module")
 def loaded():
-    """The plugin loaded by vLLM in a fresh process: (RESULT, log up to the second registration)."""
+    """The plugin loaded by vLLM in a process of its own, forked where vLLM's API server loads plugins
+    (_target.ZYGOTE_PRELOAD): (RESULT, log up to the second registration)."""
     proc = run_python(PROBE)
     return result(proc), proc.stdout.split("AGAIN")[0] + proc.stderr.split("AGAIN")[0]
 
