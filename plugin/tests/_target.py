@@ -415,19 +415,19 @@ class Forked:
         return pathlib.Path(self.outputs[index]).read_text(errors="replace")
 
     def follow(self) -> Iterable[str]:
-        """Its output's lines as they are written, until it has exited."""
-        import time
+        """Its output's lines as they are written, until it has exited (for a thread of its own:
+        it looks at the exit status's pipe without reading it, which poll() and wait() do)."""
+        from multiprocessing.connection import wait
 
         with open(self.outputs[0], errors="replace") as file:
             pending = ""
             while True:
-                exited = self.poll() is not None
+                exited = bool(wait([self.process.sentinel], timeout=0.1))
                 pending += file.read()
                 *lines, pending = pending.split("\n")
                 yield from (line + "\n" for line in lines)
                 if exited:
                     break
-                time.sleep(0.1)
             if pending:
                 yield pending
 
