@@ -71,8 +71,9 @@ def report(path: pathlib.Path, since: float = 0.0) -> str:
     count: collections.Counter[str] = collections.Counter()
     for cpu, command, started in json.loads(path.read_text()).values():
         if started >= since:
-            seconds[kind(command)] += cpu
-            count[kind(command)] += 1
+            name = kind(command)
+            seconds[name] += cpu
+            count[name] += 1
     total = sum(seconds.values()) or 1.0
     rows = [f"| {name} | {count[name]} | {s:.0f} | {100 * s / total:.0f} % |" for name, s in seconds.most_common()]
     return "\n".join(["| processes | count | CPU-seconds | share |", "|---|---:|---:|---:|", *rows,
