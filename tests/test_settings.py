@@ -249,10 +249,12 @@ def test_exec_env_only_sets_defaults_the_user_left_unset(tiny_config):
 
 
 def test_small_cpu_hosts_give_every_core_to_the_model_larger_ones_keep_vllms_reservation():
-    assert cpu_env_defaults(2)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
-    assert cpu_env_defaults(SMALL_CPU_HOST_MAX_CPUS)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    for small in (2, SMALL_CPU_HOST_MAX_CPUS):
+        assert cpu_env_defaults(small)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+        assert cpu_env_defaults(small)["OMP_WAIT_POLICY"] == "PASSIVE"  # the team shares its cores
     larger = cpu_env_defaults(SMALL_CPU_HOST_MAX_CPUS + 1)
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in larger and larger["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    assert "OMP_WAIT_POLICY" not in larger
 
 
 def test_modelscope_model_id_skips_directory_checks():

@@ -184,10 +184,13 @@ def usable_cpus() -> int:
 
 def cpu_env_defaults(usable_cpus: int) -> dict[str, str]:
     """vLLM-CPU's environment defaults: a 1 GiB KV cache (the rehearsal's models are small) and
-    automatic OpenMP binding, with no core reserved on a small host."""
+    automatic OpenMP binding, with no core reserved on a small host. There the OpenMP team shares
+    its cores with the API server and engine loop, so its idle threads sleep instead of spinning
+    (OMP_WAIT_POLICY=PASSIVE; docs/performance.md "CPU binding": a spinning team took 3x the
+    CPU-seconds and 2.5x the time for the same requests beside one busy process)."""
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
     if usable_cpus <= SMALL_CPU_HOST_MAX_CPUS:
-        defaults["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        defaults |= {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE"}
     return defaults
 
 
