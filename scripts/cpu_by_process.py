@@ -7,8 +7,9 @@ cores are busy throughout, so only fewer CPU-seconds make it shorter). Linux, st
 
 `record` reads /proc every --interval seconds and keeps each process's last user + system time and its
 command line as first seen (before vLLM retitles its engine and worker, which are then spawned
-`multiprocessing` children). A process that lives less than that may be missed: the short
-ones cost little. `report` sums them by KINDS (the first pattern that matches the command line).
+`multiprocessing` children); a command line equal to its parent's is read again at the next poll
+(a fork seen before its exec, which a loaded machine makes likely). A process that lives less than
+that may be missed: the short ones cost little. `report` sums them by KINDS (the first pattern that matches the command line).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def record(out: pathlib.Path, interval: float = INTERVAL_S) -> None:
     ticks = os.sysconf("SC_CLK_TCK")
     boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
     seen: dict[str, list] = {}  # "pid:start tick" -> [cpu seconds, command line, start epoch]
+    commands: dict[str, str] = {}  # pid -> its command line as last read
 
     def write(*_: object) -> None:
         out.write_text(json.dumps(seen))
@@ -52,10 +54,10 @@ def record(out: pathlib.Path, interval: float = INTERVAL_S) -> None:
             try:
                 fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
                 cpu = (int(fields[11]) + int(fields[12])) / ticks
-                key = f"{pid}:{fields[19]}"
-                if key not in seen:
-                    command = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
-                    seen[key] = [cpu, command, boot + int(fields[19]) / ticks]
+                key, parent = f"{pid}:{fields[19]}", fields[1]
+                if key not in seen or seen[key][1] == commands.get(parent):
+                    commands[pid] = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+                    seen[key] = [cpu, commands[pid], boot + int(fields[19]) / ticks]
                 seen[key][0] = cpu
             except (OSError, IndexError, ValueError):
                 pass  # gone meanwhile

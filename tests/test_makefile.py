@@ -231,7 +231,9 @@ def test_test_times_tables_each_file_and_the_slowest_tests(tmp_path) -> None:
 def test_cpu_by_process_records_a_busy_child_and_sums_it_by_kind(tmp_path) -> None:
     """scripts/cpu_by_process.py beside a process that burns 1.5 CPU-seconds (then idles, so that a
     poll sees all of it): `record` keeps its CPU time and command line until SIGTERM, `report` puts
-    it under its kind. Interpreters by path: a pyenv shim's own processes would carry the same argv."""
+    it under its kind. Interpreters by path: a pyenv shim's own processes would carry the same argv.
+    The busy process is a fork that execs after 0.6 s: polls that see it first still see its
+    parent's command line (as a loaded machine's polls see a fork before its exec)."""
     out = tmp_path / "cpu.json"
     recorder = subprocess.Popen([sys.executable, "scripts/cpu_by_process.py", "record", str(out), "--interval", "0.2"],
                                 cwd=REPO)
@@ -239,7 +241,10 @@ def test_cpu_by_process_records_a_busy_child_and_sums_it_by_kind(tmp_path) -> No
             "time.sleep(1.5)  # cpu-by-process-test")
     try:
         time.sleep(0.5)  # the recorder has read its first /proc snapshot
-        subprocess.run([sys.executable, "-c", busy], check=True, timeout=120)
+        fork_then_exec = ("import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(0.6)\n"
+                          "    os.execv(sys.executable, [sys.executable, '-c', os.environ['BUSY']])\n"
+                          "_, status = os.waitpid(pid, 0)\nsys.exit(os.waitstatus_to_exitcode(status))")
+        subprocess.run([sys.executable, "-c", fork_then_exec], env={**os.environ, "BUSY": busy}, check=True, timeout=120)
     finally:
         recorder.send_signal(signal.SIGTERM)
         assert recorder.wait(30) == 0
