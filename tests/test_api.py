@@ -6,10 +6,14 @@ The model has random weights, so the tests check shapes and behaviour, never the
 from __future__ import annotations
 
 import json
+import time
 
 import openai
+import psutil
 import pytest
 
+from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
+from minicpmv_ascend_plugin import shm_busy_sleep
 from support.images import png_url
 from support.server import http_get
 
@@ -103,3 +107,23 @@ def test_streaming_yields_several_chunks_and_usage(client, server):
 def test_unknown_model_name_is_a_clean_404(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_engine_and_worker_sleep_after_a_request(client, server):
+    """After a request, vLLM's engine core and worker wait on their message queue; for a second
+    they busy-loop on `sched_yield()` (a runnable process each, ~a core beside a quiet machine).
+    On a small host the launcher sets VLLM_SHM_BROADCAST_BUSY_SLEEP_S and the plugin's
+    shm-busy-sleep makes them sleep between checks: their CPU in that second is a sliver."""
+    if usable_cpus() > SMALL_CPU_HOST_MAX_CPUS:
+        pytest.skip("a host with more CPUs: the launcher leaves vLLM's busy loop as it is")
+    vllm_processes = psutil.Process(server.process.pid).children(recursive=True)
+    assert all(shm_busy_sleep.ENV in p.environ() for p in vllm_processes)
+    assert shm_busy_sleep.NAME in server.log_path.read_text().split("applied: ", 1)[1].split(";", 1)[0]
+    chat(client, server, [{"role": "user", "content": "Hello"}])
+
+    def cpu_s() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in vllm_processes)
+
+    before = cpu_s()
+    time.sleep(0.6)  # inside the busy window that began with the request's last message
+    assert cpu_s() - before < 0.2, "vLLM's engine core and worker spun after the request"

@@ -27,6 +27,7 @@ from minicpmv_ascend.settings import (
     vllm_check,
 )
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, cpu_env_defaults
+from minicpmv_ascend_plugin import shm_busy_sleep
 from support.launcher import SECRET, copy_checkpoint, edit_config
 
 CPU = "cpu"
@@ -252,9 +253,11 @@ def test_small_cpu_hosts_give_every_core_to_the_model_larger_ones_keep_vllms_res
     for small in (2, SMALL_CPU_HOST_MAX_CPUS):
         assert cpu_env_defaults(small)["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
         assert cpu_env_defaults(small)["OMP_WAIT_POLICY"] == "PASSIVE"  # the team shares its cores
+        # so do the message queue's readers (the plugin's shm-busy-sleep reads it)
+        assert float(cpu_env_defaults(small)[shm_busy_sleep.ENV]) > 0
     larger = cpu_env_defaults(SMALL_CPU_HOST_MAX_CPUS + 1)
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in larger and larger["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
-    assert "OMP_WAIT_POLICY" not in larger
+    assert "OMP_WAIT_POLICY" not in larger and shm_busy_sleep.ENV not in larger
 
 
 def test_modelscope_model_id_skips_directory_checks():

@@ -17,6 +17,8 @@ Environment:
                                               numerical check with one patch off); an unknown
                                               name stops vLLM with the list of names
   MINICPMV_ASCEND_PLUGIN_FORCE=rotary-mrope   apply the Ascend RoPE config on any platform
+  VLLM_SHM_BROADCAST_BUSY_SLEEP_S=SECONDS     vLLM's message-queue readers sleep between checks in
+                                              their busy window (shm-busy-sleep; unset: vLLM's loop)
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "responses_assistant_content",
     "public_media_urls",
     "json_whitespace",
+    "shm_busy_sleep",
 )
 PATCHES: tuple[Patch, ...] = tuple(importlib.import_module(f".{name}", __name__).PATCH for name in PATCH_MODULES)
 logger = logging.getLogger("vllm.minicpmv_ascend_plugin")  # errors only; INFO goes through emit()

@@ -182,15 +182,24 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# How long a reader of vLLM's message queue (engine core, worker) sleeps between checks in the 1 s
+# it busy-loops after each message (the plugin's shm-busy-sleep, upstream's proposed variable): on
+# a small host that loop is two runnable processes beside the ones that work (docs/performance.md,
+# "The message queue's busy loop").
+SHM_BUSY_SLEEP_S = "0.0002"
+
+
 def cpu_env_defaults(usable_cpus: int) -> dict[str, str]:
     """vLLM-CPU's environment defaults: a 1 GiB KV cache (the rehearsal's models are small) and
     automatic OpenMP binding, with no core reserved on a small host. There the OpenMP team shares
     its cores with the API server and engine loop, so its idle threads sleep instead of spinning
     (OMP_WAIT_POLICY=PASSIVE; docs/performance.md "CPU binding": a spinning team took 3x the
-    CPU-seconds and 2.5x the time for the same requests beside one busy process)."""
+    CPU-seconds and 2.5x the time for the same requests beside one busy process), and so do the
+    message queue's readers between their checks."""
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
     if usable_cpus <= SMALL_CPU_HOST_MAX_CPUS:
-        defaults |= {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+        defaults |= {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE",
+                     "VLLM_SHM_BROADCAST_BUSY_SLEEP_S": SHM_BUSY_SLEEP_S}
     return defaults
 
 

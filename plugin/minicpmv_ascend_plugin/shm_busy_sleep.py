@@ -1,0 +1,123 @@
+"""The readers of vLLM's shared-memory message queue can sleep in their busy window.
+
+Cost (vLLM 0.23, 0.30 and 0.32, `distributed/device_communicators/shm_broadcast.py`): a reader of
+the queue between the engine core and its workers (the worker waiting for the next step, the engine
+core waiting for the worker's answer) busy-loops on `sched_yield()` for `busy_loop_s` = 1 s after
+every message before it parks on its ZMQ notification socket (`SpinCondition.wait`, the value
+hard-coded). So every request keeps two processes runnable for a second after its last token; while
+requests keep coming less than a second apart they never park. On a host with few cores those two
+processes take CPU from the API server and the model's own threads. Measured on a 2-core machine
+with the tiny checkpoint (docs/performance.md, "The message queue's busy loop"): 20 sequential
+8-token requests 0.5 s apart cost the server 12.9 CPU-seconds in 11.7 s, of which the requests'
+own work is a small part. Upstream: vllm-project/vllm#52848 (open) adds exactly this knob,
+`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`; #52814 (open) makes the window itself configurable instead.
+
+Fix: `SpinCondition.wait` sleeps `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` seconds after each check inside
+the busy window (after vLLM's own `sched_yield()`, as #52848 does); the window, the parking and the
+notification path stay vLLM's, so no wake-up goes through a path vLLM does not take itself (a
+shorter window would park during a generation: vLLM bounds a lost notification's cost at 5 s,
+`SHM_READER_RECHECK_INTERVAL_MS`). Unset or 0: vLLM's behaviour, unchanged. The launcher sets it on
+small CPU hosts (settings/plan.py `cpu_env_defaults`); nowhere else.
+
+Applies when: vLLM's `SpinCondition.wait` has the busy branch (`self.last_read + self.busy_loop_s`)
+and vLLM does not read `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` itself (read from source in register();
+applied when vLLM imports the module).
+Delete when: vLLM reads the variable itself (#52848) or its readers stop busy-looping.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from typing import Any
+
+from ._base import AT_REGISTER, LayoutNotFound, Patch, function_source, module_name, require_source, wrap_once
+from ._import_hook import when_imported
+
+NAME = "shm-busy-sleep"
+ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
+SHM_BROADCAST = "distributed/device_communicators/shm_broadcast.py"
+BUSY_BRANCH = "self.last_read + self.busy_loop_s"
+
+
+def busy_sleep_s(environ: dict[str, str] | None = None) -> float:
+    """The variable's seconds (0 when unset); ValueError saying what to set for anything else."""
+    text = (os.environ if environ is None else environ).get(ENV, "").strip()
+    try:
+        seconds = float(text or 0)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= 1):
+        raise ValueError(f"{ENV}={text!r} is not a number of seconds from 0 to 1: set e.g. 0.0002 (a "
+                         "reader of vLLM's message queue sleeps 0.2 ms between checks in its busy window), "
+                         "or 0 / unset for vLLM's own busy loop")
+    return seconds
+
+
+def _wait(nap_s: float) -> Any:
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def wait(self: Any, timeout_ms: int | None = None) -> None:
+            busy = time.monotonic() <= self.last_read + self.busy_loop_s
+            original(self, timeout_ms)
+            if busy:
+                time.sleep(nap_s)
+
+        return wait
+
+    return make
+
+
+def check(_: Any) -> str | None:
+    path, source = require_source(SHM_BROADCAST)
+    if ENV in source:
+        return f"vLLM reads {ENV} itself ({path})"
+    _, wait = function_source("wait", SHM_BROADCAST)
+    if "class SpinCondition" not in source or BUSY_BRANCH not in wait:
+        raise LayoutNotFound(f"vLLM's {path} has no SpinCondition.wait with a busy window ({BUSY_BRANCH})")
+    return None
+
+
+def apply(_: Any) -> None:
+    nap_s = busy_sleep_s()  # an invalid value stops vLLM here, naming the variable
+    if nap_s:
+        when_imported(module_name(SHM_BROADCAST), lambda module: wrap_once(module.SpinCondition, "wait", _wait(nap_s)))
+
+
+# plugin/README.md's "Details and evidence" for this patch (Markdown; scripts/patch_table.py renders it).
+DETAILS = r"""
+wraps `SpinCondition.wait` (`distributed/device_communicators/shm_broadcast.py`): when the call
+falls in the busy window (less than `busy_loop_s` since the last read), vLLM's own wait runs (its
+`sched_yield()`) and then the reader sleeps `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` seconds; outside the
+window vLLM's parking on the notification socket is untouched. The variable is read once per
+process when the patch is applied: unset or 0 installs nothing (vLLM's busy loop as it is), a value
+outside 0-1 s or not a number stops vLLM with a message naming the variable. A reader then checks
+the queue every ~0.2 ms (0.0002) instead of continuously: a step's message waits at most that much
+longer, and an idle reader no longer takes a core's fair share from the processes that work.
+Predicate: vLLM's source of the module (read without importing it) has `SpinCondition.wait` with
+the busy branch and does not mention the variable.
+"""
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_REGISTER,
+    summary=f"{ENV}: vLLM's message-queue readers sleep that long between checks in their 1 s busy window",
+    upstream="vLLM's shm message-queue readers busy-loop 1 s after every message (0.23-0.33); knob proposed in #52848",
+    check=check,
+    apply=apply,
+    fixes=("after every message the engine core and each worker busy-loop on `sched_yield()` for 1 s: on a 2-core "
+           "host two processes stay runnable beside the API server and the model's threads (20 requests 0.5 s "
+           "apart: 12.9 CPU-s); with the variable set they sleep between checks"),
+    references="vLLM #52848 (open: this variable), #52814 (open: the window instead), #28053 (the parking it keeps)",
+    tests=("`plugin/tests/test_backports.py::test_shm_busy_sleep_naps_in_the_busy_window_only` (each target's "
+           "`SpinCondition`); `tests/test_api.py::test_engine_and_worker_sleep_after_a_request` (0.32, the shared "
+           "server: the launcher's default on a small host)"),
+    delete_when=f"vLLM reads {ENV} itself, or its readers no longer busy-loop",
+    details=DETAILS,
+    evidence={"0.30.0": ("applied", ("`distributed/device_communicators/shm_broadcast.py:191-216`: `SpinCondition.wait` "
+                                     "calls `sched_yield()` while `current_time <= self.last_read + self.busy_loop_s`; "
+                                     "`busy_loop_s` defaults to 1 (`:134`) and neither call site (`:508`, `:583`) passes "
+                                     "one"))},
+)
