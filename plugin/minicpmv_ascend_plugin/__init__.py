@@ -17,7 +17,8 @@ Environment:
                                               numerical check with one patch off); an unknown
                                               name stops vLLM with the list of names
   MINICPMV_ASCEND_PLUGIN_FORCE=rotary-mrope   apply the Ascend RoPE config on any platform
-  VLLM_SHM_BROADCAST_BUSY_SLEEP_S=SECONDS     vLLM's message-queue readers sleep between checks in
+  MINICPMV_ASCEND_PLUGIN_SHM_BUSY_SLEEP_S=SECONDS
+                                              vLLM's message-queue readers sleep between checks in
                                               their busy window (shm-busy-sleep; unset: vLLM's loop)
 """
 

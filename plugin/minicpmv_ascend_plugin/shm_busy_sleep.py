@@ -9,10 +9,11 @@ requests keep coming less than a second apart they never park. On a host with fe
 processes take CPU from the API server and the model's own threads. Measured on a 2-core machine
 with the tiny checkpoint (docs/performance.md, "The message queue's busy loop"): 20 sequential
 8-token requests 0.5 s apart cost the server 12.9 CPU-seconds in 11.7 s, of which the requests'
-own work is a small part. Upstream: vllm-project/vllm#52848 (open) adds exactly this knob,
+own work is a small part. Upstream: vllm-project/vllm#52848 (open) proposes this knob as
 `VLLM_SHM_BROADCAST_BUSY_SLEEP_S`; #52814 (open) makes the window itself configurable instead.
+The plugin's variable has the plugin's prefix: vLLM warns about every `VLLM_*` name it does not know.
 
-Fix: `SpinCondition.wait` sleeps `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` seconds after each check inside
+Fix: `SpinCondition.wait` sleeps `MINICPMV_ASCEND_PLUGIN_SHM_BUSY_SLEEP_S` seconds after each check inside
 the busy window (after vLLM's own `sched_yield()`, as #52848 does); the window, the parking and the
 notification path stay vLLM's, so no wake-up goes through a path vLLM does not take itself (a
 shorter window would park during a generation: vLLM bounds a lost notification's cost at 5 s,
@@ -20,9 +21,9 @@ shorter window would park during a generation: vLLM bounds a lost notification's
 small CPU hosts (settings/plan.py `cpu_env_defaults`); nowhere else.
 
 Applies when: vLLM's `SpinCondition.wait` has the busy branch (`self.last_read + self.busy_loop_s`)
-and vLLM does not read `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` itself (read from source in register();
+and vLLM does not read `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` (#52848) itself (read from source in register();
 applied when vLLM imports the module).
-Delete when: vLLM reads the variable itself (#52848) or its readers stop busy-looping.
+Delete when: vLLM reads `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` itself (#52848; the launcher then sets that) or its readers stop busy-looping.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from ._base import AT_REGISTER, LayoutNotFound, Patch, function_source, module_n
 from ._import_hook import when_imported
 
 NAME = "shm-busy-sleep"
-ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
+ENV = "MINICPMV_ASCEND_PLUGIN_SHM_BUSY_SLEEP_S"
+UPSTREAM_ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"  # vLLM #52848's name for the same knob
 SHM_BROADCAST = "distributed/device_communicators/shm_broadcast.py"
 BUSY_BRANCH = "self.last_read + self.busy_loop_s"
 
@@ -72,8 +74,8 @@ def _wait(nap_s: float) -> Any:
 
 def check(_: Any) -> str | None:
     path, source = require_source(SHM_BROADCAST)
-    if ENV in source:
-        return f"vLLM reads {ENV} itself ({path})"
+    if UPSTREAM_ENV in source:
+        return f"vLLM reads {UPSTREAM_ENV} itself ({path}): set that"
     _, wait = function_source("wait", SHM_BROADCAST)
     if "class SpinCondition" not in source or BUSY_BRANCH not in wait:
         raise LayoutNotFound(f"vLLM's {path} has no SpinCondition.wait with a busy window ({BUSY_BRANCH})")
@@ -90,14 +92,14 @@ def apply(_: Any) -> None:
 DETAILS = r"""
 wraps `SpinCondition.wait` (`distributed/device_communicators/shm_broadcast.py`): when the call
 falls in the busy window (less than `busy_loop_s` since the last read), vLLM's own wait runs (its
-`sched_yield()`) and then the reader sleeps `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` seconds; outside the
+`sched_yield()`) and then the reader sleeps `MINICPMV_ASCEND_PLUGIN_SHM_BUSY_SLEEP_S` seconds; outside the
 window vLLM's parking on the notification socket is untouched. The variable is read once per
 process when the patch is applied: unset or 0 installs nothing (vLLM's busy loop as it is), a value
 outside 0-1 s or not a number stops vLLM with a message naming the variable. A reader then checks
 the queue every ~0.2 ms (0.0002) instead of continuously: a step's message waits at most that much
 longer, and an idle reader no longer takes a core's fair share from the processes that work.
 Predicate: vLLM's source of the module (read without importing it) has `SpinCondition.wait` with
-the busy branch and does not mention the variable.
+the busy branch and does not mention `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` (upstream's name for it).
 """
 
 PATCH = Patch(
@@ -114,7 +116,7 @@ PATCH = Patch(
     tests=("`plugin/tests/test_backports.py::test_shm_busy_sleep_naps_in_the_busy_window_only` (each target's "
            "`SpinCondition`); `tests/test_api.py::test_engine_and_worker_sleep_after_a_request` (0.32, the shared "
            "server: the launcher's default on a small host)"),
-    delete_when=f"vLLM reads {ENV} itself, or its readers no longer busy-loop",
+    delete_when=f"vLLM reads {UPSTREAM_ENV} itself (#52848), or its readers no longer busy-loop",
     details=DETAILS,
     evidence={"0.30.0": ("applied", ("`distributed/device_communicators/shm_broadcast.py:191-216`: `SpinCondition.wait` "
                                      "calls `sched_yield()` while `current_time <= self.last_read + self.busy_loop_s`; "

@@ -199,7 +199,7 @@ def cpu_env_defaults(usable_cpus: int) -> dict[str, str]:
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
     if usable_cpus <= SMALL_CPU_HOST_MAX_CPUS:
         defaults |= {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_WAIT_POLICY": "PASSIVE",
-                     "VLLM_SHM_BROADCAST_BUSY_SLEEP_S": SHM_BUSY_SLEEP_S}
+                     "MINICPMV_ASCEND_PLUGIN_SHM_BUSY_SLEEP_S": SHM_BUSY_SLEEP_S}
     return defaults
 
 
