@@ -44,9 +44,9 @@ SHM_BROADCAST = "distributed/device_communicators/shm_broadcast.py"
 BUSY_BRANCH = "self.last_read + self.busy_loop_s"
 
 
-def busy_sleep_s(environ: dict[str, str] | None = None) -> float:
+def busy_sleep_s() -> float:
     """The variable's seconds (0 when unset); ValueError saying what to set for anything else."""
-    text = (os.environ if environ is None else environ).get(ENV, "").strip()
+    text = os.environ.get(ENV, "").strip()
     try:
         seconds = float(text or 0)
     except ValueError:
@@ -113,7 +113,7 @@ PATCH = Patch(
            "host two processes stay runnable beside the API server and the model's threads (20 requests 0.5 s "
            "apart: 12.9 CPU-s); with the variable set they sleep between checks"),
     references="vLLM #52848 (open: this variable), #52814 (open: the window instead), #28053 (the parking it keeps)",
-    tests=("`plugin/tests/test_backports.py::test_shm_busy_sleep_naps_in_the_busy_window_only` (each target's "
+    tests=("`plugin/tests/test_shm_busy_sleep.py::test_shm_busy_sleep_naps_in_the_busy_window_only` (each target's "
            "`SpinCondition`); `tests/test_api.py::test_engine_and_worker_sleep_after_a_request` (0.32, the shared "
            "server: the launcher's default on a small host)"),
     delete_when=f"vLLM reads {UPSTREAM_ENV} itself (#52848), or its readers no longer busy-loop",
