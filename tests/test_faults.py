@@ -27,7 +27,7 @@ import pytest
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
 from support import raw_http
 from support.images import png_url
-from support.server import REPO, SERVER_READY_TIMEOUT_S, http_get, start_server
+from support.server import REPO, SERVER_READY_TIMEOUT_S, Server, http_get, start_server
 
 PROBE = REPO / "healthcheck" / "probe.py"
 BURST = 64  # concurrent requests per burst
@@ -203,10 +203,18 @@ def summarize(outcomes: list[dict], wall_s: float) -> str:
             f"max {max(latencies):.2f} s")
 
 
-def assert_clean(outcomes: list[dict]) -> None:
-    """Every request completed, or was rejected with vLLM's JSON error: nothing hung or broke."""
+def mem_available_mib() -> int:
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) // 1024 for line in meminfo if line.startswith("MemAvailable:"))
+
+
+def assert_clean(outcomes: list[dict], srv: Server) -> None:
+    """Every request completed, or was rejected with vLLM's JSON error: nothing hung or broke. A
+    request without an answer fails with the server's log and the host's available memory (a CI
+    run's burst once hung while the host was nearly out of memory)."""
     for outcome in outcomes:
-        assert outcome["status"] is not None, f"no HTTP answer: {outcome}"
+        assert outcome["status"] is not None, (f"no HTTP answer: {outcome}; {mem_available_mib()} MiB available; "
+                                               f"the server's log:\n{srv.log_tail()}")
         if outcome["status"] == 200:
             assert outcome["finish_reason"] in ("stop", "length"), outcome
         else:
@@ -282,10 +290,11 @@ def test_overload_then_sigterm_with_requests_in_flight(tmp_path):
         print(f"RSS MiB before: {rss[0]}")
         for number in range(1, BURSTS + 1):
             outcomes, wall_s = burst(srv.base_url, srv.model, BURST)
-            assert_clean(outcomes)
+            print(f"burst {number}: {summarize(outcomes, wall_s)}")
+            assert_clean(outcomes, srv)
             time.sleep(3)  # let finished requests be freed before measuring
             rss.append(server_rss(pid))
-            print(f"burst {number}: {summarize(outcomes, wall_s)}\n  RSS MiB after: {rss[-1]}")
+            print(f"  RSS MiB after: {rss[-1]}")
         assert rss[-1]["total"] - rss[-1 - LEAK_BURSTS]["total"] < RSS_LEAK_BOUND_MIB, rss
         assert rss[-1]["total"] - rss[0]["total"] < RSS_WARMUP_BOUND_MIB, rss
         assert http_get(f"{srv.base_url}/health")[0] == 200
@@ -406,7 +415,7 @@ def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
         refused = [o for o in outcomes if o["status"] != 200]
         print(f"burst with --max-num-queued-reqs {QUEUE_LIMIT}: {summarize(outcomes, wall_s)}; "
               f"e.g. {refused[:1]}")
-        assert_clean(outcomes)
+        assert_clean(outcomes, srv)
         assert len(refused) < BURST, "nothing was served"
         assert any(o["status"] == 503 for o in refused), "the queue limit refused nothing"
         # vLLM 0.32 finding: the API server's multimodal cache marks an image as sent to the

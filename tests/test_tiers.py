@@ -157,22 +157,31 @@ SHARED_FIXTURE = '''
 import os, pathlib
 import pytest
 
-def start(name):  # the shared servers' stand-ins: each records its name and the worker that started it
-    with open(pathlib.Path(__file__).parent / "starts.txt", "a") as starts:
-        starts.write(name + " " + os.environ.get("PYTEST_XDIST_WORKER", "no worker") + "\\n")
+def record(event, name):  # the shared servers' stand-ins: "start|stop NAME WORKER" in events.txt
+    with open(pathlib.Path(__file__).parent / "events.txt", "a") as events:
+        events.write(f"{event} {name} {os.environ.get('PYTEST_XDIST_WORKER', 'no-worker')}\\n")
+
+def serve(name):
+    record("start", name)
+    yield
+    record("stop", name)
 
 @pytest.fixture(scope="session")
 def server():
-    start("server")
+    yield from serve("server")
 
 @pytest.fixture(scope="session")
 def other_server():
-    start("other_server")
+    yield from serve("other_server")
 
 @pytest.fixture(scope="session")
 def server_47():
-    start("server_47")
+    yield from serve("server_47")
 '''
+
+
+def events(inner: pytest.Pytester) -> list[tuple[str, str, str]]:
+    return [tuple(line.split()) for line in (inner.path / "events.txt").read_text().splitlines()]
 
 
 def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_worker(inner: pytest.Pytester) -> None:
@@ -184,7 +193,7 @@ def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_work
     inner.makepyfile(test_inner=SHARED)
     result = inner.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v")
     result.assert_outcomes(passed=13)
-    starts = sorted(line.split()[0] for line in (inner.path / "starts.txt").read_text().splitlines())
+    starts = sorted(name for event, name, _ in events(inner) if event == "start")
     assert starts == ["other_server", "server", "server_47"], starts
 
     def workers(*names: str) -> set[str]:
@@ -196,6 +205,34 @@ def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_work
     assert groups == {"shared-server", "shared-other_server+server_47"}, result.outlines
     result.stdout.fnmatch_lines(["*0 API servers, 1 engine cores, by test:*",
                                  "*test_starts_an_engine: 1 x STAND-IN-VLLM::EngineCore_0*"])
+
+
+def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pytester) -> None:
+    """One worker runs every group in turn (--dist loadgroup, -n 1): each shared server starts once
+    and is stopped before the next group's server starts, not at the session's end; the merged
+    group's two servers live through all of their tests."""
+    inner.makeconftest(inner.path.joinpath("conftest.py").read_text() + SHARED_FIXTURE)
+    inner.makepyfile(test_inner=SHARED)
+    inner.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup").assert_outcomes(passed=13)
+    alive: set[str] = set()
+    group = {"server": {"server"}, "other_server": {"other_server", "server_47"}, "server_47": {"other_server", "server_47"}}
+    for event, name, _ in events(inner):
+        if event == "start":
+            assert alive <= group[name], (name, alive, events(inner))
+            alive.add(name)
+        else:
+            alive.remove(name)
+    assert sorted(name for event, name, _ in events(inner) if event == "start") == ["other_server", "server", "server_47"]
+
+
+def test_without_workers_shared_servers_live_to_the_end(inner: pytest.Pytester) -> None:
+    """One process, the tests in file order (a server's tests apart): nothing stops early, so
+    nothing starts twice."""
+    inner.makeconftest(inner.path.joinpath("conftest.py").read_text() + SHARED_FIXTURE)
+    inner.makepyfile(test_inner=SHARED)
+    inner.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=13)
+    recorded = [event for event, _, _ in events(inner)]
+    assert recorded == ["start"] * 3 + ["stop"] * 3, events(inner)
 
 
 FORKING_SERVER = '''

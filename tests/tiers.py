@@ -225,10 +225,15 @@ def apply_xdist_group(item: pytest.Item, group: str) -> None:
         item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
+def xdist_group(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return None if mark is None else mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook appends them to the ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = []
-    groups = shared_groups(items)
+    groups = config.stash[GROUPS] = shared_groups(items)
     for item in items:
         marked = {m for m in MARKERS if item.get_closest_marker(m) is not None}
         if "engine" in marked and engines_declared(item) is None:
@@ -240,8 +245,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = groups[shared[0]]
             item.add_marker(pytest.mark.xdist_group(group))
             apply_xdist_group(item, group)
-        elif (mark := item.get_closest_marker("xdist_group")) is not None:  # a test module's own group
-            apply_xdist_group(item, mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        elif (group := xdist_group(item)) is not None:  # a test module's own group
+            apply_xdist_group(item, group)
         if shared and "server" not in marked:
             problems.append(f"{item.nodeid}: uses the shared server fixture {shared[0]!r} but is not marked `server`")
         elif "server" in marked and not shared:
@@ -261,6 +266,29 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
     finally:
         item.stash[WATCH].stop()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the test's fixtures; a failure is its teardown's
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop this worker's shared servers whose tests are all done, rather than at the session's end.
+    Under `make test`'s workers (--dist loadgroup) a shared server's group reaches a worker as one
+    batch (pytest-xdist 3.8.0's LoadScopeScheduling sends a group whole, a worker runs in order), so
+    once the next test is not of its group, no test of this worker needs it again. Idle, a server
+    holds ~2.9 GB (Pss: API server 0.9, engine core 0.5, worker 1.6 with its 1 GiB KV cache); kept to
+    the end, up to three per worker stayed beside the tests that start three servers of their own:
+    7 API servers and 310 MB of 24 GB available in one run, and a CI run whose overload test hung.
+    Without workers (one process runs the tests in file order, a server's tests apart) nothing is
+    stopped early. pytest has no public way
+    to finish a fixture early: FixtureDef.finish is what pytest calls itself at the session's end
+    (a later request would start the server again; its dependent fixtures are finished with it)."""
+    if nextitem is None or not hasattr(item.config, "workerinput") or not getattr(item.config.option, "loadgroup", False):
+        return
+    groups = item.config.stash.get(GROUPS, {})
+    for name in sorted(SHARED_SERVERS & set(item.fixturenames)):
+        if xdist_group(nextitem) == groups.get(name):
+            continue
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            fixturedef.finish(item._request)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -302,3 +330,4 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 WATCH = pytest.StashKey[Watch]()
+GROUPS = pytest.StashKey[dict[str, str]]()  # shared server fixture -> its xdist group, from collection
