@@ -204,7 +204,8 @@ def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_work
     groups = {line.rpartition("@")[2].split()[0] for line in result.outlines if "PASSED" in line and "@" in line}
     assert groups == {"shared-server", "shared-other_server+server_47"}, result.outlines
     result.stdout.fnmatch_lines(["*0 API servers, 1 engine cores, by test:*",
-                                 "*test_starts_an_engine: 1 x STAND-IN-VLLM::EngineCore_0*"])
+                                 "*test_starts_an_engine: 1 x STAND-IN-VLLM::EngineCore_0*",
+                                 "least memory available while a test ran: * MiB, during test_inner.py::*"])
 
 
 def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pytester) -> None:

@@ -22,7 +22,9 @@ in a script) fails the test and is killed; only the shared servers may start und
 `engine` test that starts more engine cores or API servers than its `engines=N` fails: each vLLM
 start costs 0.5-2 minutes on a 2-core machine, so the suite's budget cannot grow unseen. A
 process that loads torch during a test with none of the markers fails it too. At the end of the
-run, the vLLM servers and engines it started are listed by test: what the run costs.
+run, the vLLM servers and engines it started are listed by test (what the run costs), with the
+least memory the host had available while a test ran. Under `make test`'s workers a shared server
+is stopped once its tests are done (pytest_runtest_teardown below).
 """
 
 from __future__ import annotations
@@ -43,9 +45,11 @@ TORCH_LIBRARY = "/torch/lib/libtorch_cpu.so"  # mapped by every process that has
 
 SHARED_GROUP = "shared-"  # pytest-xdist groups of a shared server's tests: "shared-server", "shared-server_47" ...
 STARTED = "vllm started"  # the reports' user property naming each vLLM process a test started
+LEAST_AVAILABLE = "least MiB available"  # the reports' user property: the host's memory at its lowest
 
 _allowed_sessions: set[int] = set()  # the shared servers' sessions (start_server starts new ones)
 _started: list[tuple[str, str]] = []  # (test id, what started) for the summary, from the reports
+_least_available: list[tuple[int, str]] = []  # (MiB, test id): the lowest the host's memory got, from the reports
 
 
 def allow_shared_server(pid: int) -> None:
@@ -99,6 +103,7 @@ class Watch:
         self.before = {p.pid for p in self.me.children(recursive=True)}
         self.seen: set[int] = set()
         self.started: list[str] = []  # kinds, moved into the test's reports (xdist sends them home)
+        self.least_available_mib = available_mib()
         self.violations: list[str] = []
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -111,6 +116,7 @@ class Watch:
 
     def scan(self) -> None:
         with self.lock:
+            self.least_available_mib = min(self.least_available_mib, available_mib())
             try:
                 children = self.me.children(recursive=True)
             except psutil.Error:
@@ -179,6 +185,12 @@ class Watch:
         self.done.set()
         self.thread.join()
         self.scan()
+
+
+def available_mib() -> int:
+    """The host's available memory (what it can give without swapping): a run that nears 0 slows
+    down everywhere as the kernel drops the pages of running programs."""
+    return psutil.virtual_memory().available // 2**20
 
 
 def kill_tree(proc: psutil.Process) -> None:
@@ -302,7 +314,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         violations, watch.violations = watch.violations, []
         started, watch.started = watch.started, []
     report = outcome.get_result()
-    report.user_properties += [(STARTED, kind) for kind in started]
+    report.user_properties += [(STARTED, kind) for kind in started] + [(LEAST_AVAILABLE, watch.least_available_mib)]
     if violations:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid}, during its {call.when}: " + "; ".join(violations)
@@ -312,6 +324,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # In the process that reports: pytest's own, or pytest-xdist's controller for its workers.
     _started.extend((report.nodeid, kind) for key, kind in report.user_properties if key == STARTED)
+    _least_available.extend((mib, report.nodeid) for key, mib in report.user_properties if key == LEAST_AVAILABLE)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -327,6 +340,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for nodeid, kinds in by_test.items():
         counts = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
         terminalreporter.write_line(f"  {nodeid}: " + ", ".join(f"{n} x {k}" for k, n in counts.items()))
+    if _least_available:
+        mib, nodeid = min(_least_available)
+        terminalreporter.write_line(f"least memory available while a test ran: {mib} MiB, during {nodeid} "
+                                    "(and what the other workers ran then)")
 
 
 WATCH = pytest.StashKey[Watch]()
