@@ -28,6 +28,7 @@ from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
 from support import raw_http
 from support.images import png_url
 from support.server import REPO, SERVER_READY_TIMEOUT_S, Server, http_get, start_server
+from tiers import available_mib
 
 PROBE = REPO / "healthcheck" / "probe.py"
 BURST = 64  # concurrent requests per burst
@@ -203,17 +204,12 @@ def summarize(outcomes: list[dict], wall_s: float) -> str:
             f"max {max(latencies):.2f} s")
 
 
-def mem_available_mib() -> int:
-    with open("/proc/meminfo") as meminfo:
-        return next(int(line.split()[1]) // 1024 for line in meminfo if line.startswith("MemAvailable:"))
-
-
 def assert_clean(outcomes: list[dict], srv: Server) -> None:
     """Every request completed, or was rejected with vLLM's JSON error: nothing hung or broke. A
     request without an answer fails with the server's log and the host's available memory (a CI
     run's burst once hung while the host was nearly out of memory)."""
     for outcome in outcomes:
-        assert outcome["status"] is not None, (f"no HTTP answer: {outcome}; {mem_available_mib()} MiB available; "
+        assert outcome["status"] is not None, (f"no HTTP answer: {outcome}; {available_mib()} MiB available; "
                                                f"the server's log:\n{srv.log_tail()}")
         if outcome["status"] == 200:
             assert outcome["finish_reason"] in ("stop", "length"), outcome
