@@ -288,11 +288,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     once the next test is not of its group, no test of this worker needs it again. Idle, a server
     holds ~2.9 GB (Pss: API server 0.9, engine core 0.5, worker 1.6 with its 1 GiB KV cache); kept to
     the end, up to three per worker stayed beside the tests that start three servers of their own:
-    7 API servers and 310 MB of 24 GB available in one run, and a CI run whose overload test hung.
+    7 API servers and 310 MiB of 24 GiB available in one run, and a CI run whose overload test hung.
     Without workers (one process runs the tests in file order, a server's tests apart) nothing is
-    stopped early. pytest has no public way
-    to finish a fixture early: FixtureDef.finish is what pytest calls itself at the session's end
-    (a later request would start the server again; its dependent fixtures are finished with it)."""
+    stopped early. pytest has no public way to finish a fixture early: FixtureDef.finish is what
+    pytest calls itself at the session's end (a later request would start the server again; its
+    dependent fixtures are finished with it)."""
     if nextitem is None or not hasattr(item.config, "workerinput") or not getattr(item.config.option, "loadgroup", False):
         return
     groups = item.config.stash.get(GROUPS, {})
