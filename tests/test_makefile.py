@@ -96,7 +96,31 @@ def test_every_venv_built_from_a_lock_with_cpu_torch_takes_torch_from_the_index(
     for target, lock in [(f"venv-{t}", f"requirements/{t}.lock") for t in targets] + [("lock", "requirements/cpu.in")]:
         assert "torch==2.13.0+cpu" in (REPO / lock).read_text(), lock
         steps = pip_lines(make_n(target).stdout)
-        assert f"--extra-index-url {CPU_INDEX} \"$(grep -m1 '^torch==' {lock})\"" in steps[0], (target, steps)
+        # A derived target's torch is the first target's venv's (their locks differ only in vllm).
+        torch_from = lock if target in ("lock", f"venv-{targets[0]}") else f"requirements/{targets[0]}.lock"
+        assert f"--extra-index-url {CPU_INDEX} \"$(grep -m1 '^torch==' {torch_from})\"" in steps[0], (target, steps)
+
+
+def test_a_target_whose_lock_differs_only_in_vllm_is_the_first_targets_venv_with_its_vllm(tmp_path) -> None:
+    """vllm023.lock is vllm030.lock but for vllm: .venv-vllm023 is a hard-linked copy of
+    .venv-vllm030 with vLLM 0.23.0 swapped in (plugin/tests/test_venv.py shows the result is exactly
+    its lock). A lock that differs in any other package is installed whole."""
+    first, second = re.search(r"^PLUGIN_TARGETS := (.+)$", (REPO / "Makefile").read_text(), re.M)[1].split()
+    vllm_pin = f"\"$(grep -m1 '^vllm==' requirements/{second}.lock)\""
+    derived = make_n(f"venv-{second}").stdout
+    assert f"cp -al .venv-{first} .venv-{second}" in derived, derived
+    assert pip_lines(derived)[-1].endswith(f"-m pip install --quiet --no-deps {vllm_pin}"), derived
+    assert f"-r requirements/{second}.lock" not in derived
+    # The same Makefile beside a second lock that pins another torch: installed from its lock.
+    for name in ("Makefile", "pyproject.toml", "scripts/torchvision_cpu_shim.py", f"requirements/{first}.lock"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+    lock = (REPO / "requirements" / f"{second}.lock").read_text()
+    (tmp_path / "requirements" / f"{second}.lock").write_text(lock.replace("torch==2.13.0+cpu", "torch==2.12.0+cpu"))
+    whole = subprocess.run([MAKE, "-n", "-B", f"venv-{second}"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, env={k: v for k, v in os.environ.items() if k != "MAKEFLAGS"})
+    assert whole.returncode == 0, whole.stderr
+    assert "cp -al" not in whole.stdout and f"--no-deps -r requirements/{second}.lock" in whole.stdout, whole.stdout
 
 
 def test_one_index_variable_for_make_the_cpu_image_and_compose() -> None:
