@@ -3,12 +3,16 @@ once per target: `.venv-vllm030/bin/python -m pytest plugin/tests`, then `.venv-
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import pathlib
 import sys
+from collections.abc import Iterator
 
 import pytest
 
-from _target import Target, VllmCode, current_target
+from _harness import harnesses
+from _target import Forked, Target, VllmCode, current_target
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -23,6 +27,28 @@ def pytest_report_header() -> str:
 @pytest.fixture(scope="session")
 def target() -> Target:
     return current_target()
+
+
+@pytest.fixture(scope="session")
+def waiting_harnesses(target: Target) -> Iterator[dict[str, tuple[Forked, ...]]]:
+    """The server-loop scenarios that mostly wait (a drain, a grace period, the bug's hang: see
+    test_server_patches.py), each with and without the plugin, all started together; killed at the
+    session's end if still running."""
+    scenarios = {"death": ("death",), "sigterm": ("sigterm",), "drain": ("drain",)}
+    if target.needs("uvicorn-signals"):
+        scenarios["drain-uvicorn-signals"] = ("drain", {"MINICPMV_HARNESS_UVICORN_SIGNALS": "on"})
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(harnesses(*args)) for name, args in scenarios.items()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_waiting_harnesses_first(request: pytest.FixtureRequest) -> None:
+    """Start `waiting_harnesses` with the session when a collected test uses them: their ~30 s of
+    waiting then passes beside the other tests' work. Started when their tests came, they held the
+    run ~30 s per target with its core idle (`make test` runs the targets side by side)."""
+    if any("waiting_harnesses" in inspect.signature(item.obj).parameters
+           for item in request.session.items if isinstance(item, pytest.Function)):
+        request.getfixturevalue("waiting_harnesses")
 
 
 @pytest.fixture(scope="session")

@@ -12,24 +12,19 @@ server by tests/test_faults.py and tests/test_security.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pathlib
 import signal
-import socket
 import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
+from _harness import PLUGIN_OFF
 from _target import SERVER_PATCHES, Forked, results_each, run_python
 
-HARNESS = pathlib.Path(__file__).with_name("serve_harness.py")
-PLUGIN_OFF = {"MINICPMV_ASCEND_PLUGIN": "off"}
 GRACE_S = 3  # shutdown_cut_requests.GRACE_S
 DRAIN_S = 6  # serve_harness.DRAIN_S: the stand-in engine's drain (--shutdown-timeout)
 NEW_REQUEST = "This server is shutting down and accepts no new requests"  # shutdown_drain_503
@@ -41,39 +36,6 @@ STOP_BOUND_S = GRACE_S + 12
 HANG_WAIT_S = STOP_BOUND_S + 5
 # Every patch of the API server process whose predicate test_server_patch_predicates_decide_as_the_target_needs checks.
 PREDICATES = (*SERVER_PATCHES, "uvicorn-signals", "json-whitespace")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def harnesses(mode: str, *envs: dict[str, str] | None) -> Iterator[tuple[Forked, ...]]:
-    """serve_harness.py with the plugin and with MINICPMV_ASCEND_PLUGIN=off (or with each of
-    `envs`), started together (most of each run is vLLM's import, or waiting for a hang); all are
-    killed on the way out."""
-    processes = tuple(start(mode, env) for env in (envs or (None, PLUGIN_OFF)))
-    try:
-        yield processes
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-def start(mode: str, env: dict[str, str] | None = None) -> Forked:
-    """`python serve_harness.py PORT MODE` in a session of its own (forked from the zygote)."""
-    process = Forked([str(HARNESS), str(free_port()), mode], env, merge_output=True, new_session=True)
-    process.started = time.monotonic()  # type: ignore[attr-defined]
-    # Read as it comes: a hang is timed from the SIGTERM line it prints.
-    process.lines = []  # type: ignore[attr-defined]
-    process.reader = threading.Thread(target=lambda: process.lines.extend(process.follow()),
-                                      daemon=True)  # type: ignore[attr-defined]
-    process.reader.start()
-    return process
 
 
 def finish(process: Forked, timeout: float = HARNESS_TIMEOUT_S) -> tuple[int | None, dict, str]:
@@ -128,10 +90,10 @@ def test_server_patch_predicates_decide_as_the_target_needs(target):
         target.needs("json-whitespace")
 
 
-def test_engine_death_exits_1(target):
-    with harnesses("death") as (with_plugin, without):
-        code, _, output = finish(with_plugin)
-        off_code, _, off_output = finish(without)
+def test_engine_death_exits_1(target, waiting_harnesses):
+    with_plugin, without = waiting_harnesses["death"]
+    code, _, output = finish(with_plugin)
+    off_code, _, off_output = finish(without)
     assert code == 1, output[-3000:]
     assert "the engine died: the API server stops and will exit with code 1" in output
     # Without the plugin: the bug (a dead engine looks like a clean stop), or this vLLM's own exit 1.
@@ -142,17 +104,8 @@ def error_message(out: dict, key: str) -> str:
     return json.loads(out[f"{key}_body"])["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def shutdown_harnesses(target) -> Iterator[dict[str, tuple[Forked, ...]]]:
-    """The sigterm and the drain scenario, each with and without the plugin, all four started
-    together: most of each run is vLLM's import or waiting out the bug's hang (HANG_WAIT_S), so
-    the two tests' waits overlap instead of adding up (they took 75 s each, one after the other)."""
-    with harnesses("sigterm") as sigterm, harnesses("drain") as drain:
-        yield {"sigterm": sigterm, "drain": drain}
-
-
-def test_sigterm_answers_the_cut_request_and_exits_0(target, shutdown_harnesses):
-    with_plugin, without = shutdown_harnesses["sigterm"]
+def test_sigterm_answers_the_cut_request_and_exits_0(target, waiting_harnesses):
+    with_plugin, without = waiting_harnesses["sigterm"]
     code, out, output = finish(with_plugin)
     off_code, off_out, off_output = finish_after_sigterm(without)
     hung_for = seconds_since_sigterm(off_output) if off_code is None else 0.0
@@ -172,14 +125,14 @@ def test_sigterm_answers_the_cut_request_and_exits_0(target, shutdown_harnesses)
         assert off_code == 0 and off_out["status"] == 500, off_output[-3000:]
 
 
-def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target, shutdown_harnesses):
+def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target, waiting_harnesses):
     """SIGTERM with a DRAIN_S (6 s) drain: a request that finishes 4 s into it is served; /health
     and a new request get 503 at once; a request cut by uvicorn and one that the target's own
     handler answers with EngineDeadError both get a JSON 503, and a stream cut the latter way ends
     with a 503 error event (shutdown-drain-503; on 0.23 also
     uvicorn-signals)."""
     assert target.needs("shutdown-drain-503"), "no target without the drain bug yet: add its expectations"
-    with_plugin, without = shutdown_harnesses["drain"]
+    with_plugin, without = waiting_harnesses["drain"]
     code, out, output = finish(with_plugin)
     off_code, off_out, off_output = finish_after_sigterm(without)
     assert code == 0, output[-3000:]
@@ -217,7 +170,7 @@ def test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503(target, s
         assert (off_out["health"], off_out["new_request"]) == (200, 200), off_out
 
 
-def test_drain_is_cut_after_3_s_without_uvicorn_signals(target):
+def test_drain_is_cut_after_3_s_without_uvicorn_signals(target, waiting_harnesses):
     """Why uvicorn-signals: the plugin with uvicorn's own SIGTERM handler put back (the harness
     undoes that one patch) cuts a request still running 3 s after SIGTERM (shutdown-cut-requests'
     grace, which uvicorn then counts from SIGTERM), although the drain lasts DRAIN_S."""
@@ -225,8 +178,8 @@ def test_drain_is_cut_after_3_s_without_uvicorn_signals(target):
         pytest.skip(f"{target.name} runs uvicorn without its signal handlers itself (NoSignalServer): "
                     "there is no patch to undo; its drain without the plugin keeps the port open and serves "
                     "the slow request (test_drain_refuses_new_requests_and_answers_cut_ones_with_json_503)")
-    with harnesses("drain", {"MINICPMV_HARNESS_UVICORN_SIGNALS": "on"}) as (process,):
-        code, out, output = finish(process)
+    (process,) = waiting_harnesses["drain-uvicorn-signals"]
+    code, out, output = finish(process)
     assert code == 0, output[-3000:]
     assert out["slow"] == 503 and out["slow_s"] < DRAIN_S, out  # cut ~3 s after SIGTERM
 
@@ -338,7 +291,6 @@ def test_public_media_urls_on_the_targets_connector(target):
     without the plugin vLLM's allow-list refuses every unlisted host, naming the setting (fail closed)."""
     import http.server
     import io
-    import threading
 
     from PIL import Image
 
