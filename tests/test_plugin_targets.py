@@ -65,7 +65,9 @@ def test_make_test_runs_plugin_tests_in_every_targets_venv():
     # the venvs were an empty list, PLUGIN_TARGETS being defined below the rule).
     database = subprocess.run(["make", "-pn", "test"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
     setup = re.search(r"for setup in (.*); do", database).group(1).split()
-    assert all(f"venv-{name}" in setup for name in listed), setup
+    assert "venv-targets" in setup, setup
+    built = re.search(r"^venv-targets: (.*)$", database, re.M).group(1).split()
+    assert built == [f".venv-{name}/.installed" for name in listed], built
     assert f"for target in {' '.join(listed)}; do" in database  # the recipe as make expands it
     assert ".venv-$target/bin/python -m pytest plugin/tests" in database
 
