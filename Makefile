@@ -156,10 +156,11 @@ PATCH_CHECK := $(if $(VLLM),vllm$(subst .,,$(patsubst %.0,%,$(VLLM))))
 PATCH_CHECK_STAMP := $(filter-out $(PLUGIN_STAMPS),$(PATCH_CHECK:%=.venv-%/.installed))
 
 # A target whose lock is the first target's but for the vllm line (vllm023.lock and vllm030.lock:
-# the same ~120 packages) gets a hard-linked copy of the first target's venv with its own vLLM
-# swapped in: 6 s instead of ~45 CPU-seconds of pip (docs/development.md, "Where the time goes").
+# the same 96 packages besides vLLM) gets a hard-linked copy of the first target's venv with its own vLLM
+# swapped in: ~9 s instead of ~50 CPU-seconds of pip (docs/development.md, "Where the time goes").
 # pip replaces vLLM by unlinking and writing files, never in place, and sed -i writes new files, so
 # the first venv is untouched; the paths its scripts and pyvenv.cfg name are rewritten to the copy's.
+# (A filesystem without hard links gets a plain copy.)
 BASE_TARGET := $(firstword $(PLUGIN_TARGETS))
 lock_but_vllm = grep -v -e '^\#' -e '^vllm==' requirements/$(1).lock
 DERIVED_TARGETS := $(foreach t,$(filter-out $(BASE_TARGET),$(PLUGIN_TARGETS) $(PATCH_CHECK)),$(shell \
@@ -169,9 +170,9 @@ DERIVED_STAMPS := $(DERIVED_TARGETS:%=.venv-%/.installed)
 
 $(DERIVED_STAMPS): .venv-%/.installed: requirements/%.lock .venv-$(BASE_TARGET)/.installed
 	@echo "== creating .venv-$* as .venv-$(BASE_TARGET) with $$(grep -m1 '^vllm==' $<) (the locks differ only there)"
-	rm -rf .venv-$* && cp -al .venv-$(BASE_TARGET) .venv-$* && rm .venv-$*/.installed
-	grep -rlI -e '$(CURDIR)/.venv-$(BASE_TARGET)\b' .venv-$*/bin .venv-$*/pyvenv.cfg \
-		| xargs sed -i 's|$(CURDIR)/.venv-$(BASE_TARGET)\b|$(CURDIR)/.venv-$*|g'
+	rm -rf .venv-$* && { cp -al .venv-$(BASE_TARGET) .venv-$* || { rm -rf .venv-$* && cp -a .venv-$(BASE_TARGET) .venv-$*; }; }
+	rm .venv-$*/.installed && grep -rlI -e '$(CURDIR)/.venv-$(BASE_TARGET)\b' .venv-$*/bin .venv-$*/pyvenv.cfg \
+		| xargs -r sed -i 's|$(CURDIR)/.venv-$(BASE_TARGET)\b|$(CURDIR)/.venv-$*|g'
 	.venv-$*/bin/python -m pip install --quiet --no-deps "$$(grep -m1 '^vllm==' $<)"
 	@touch $@
 
