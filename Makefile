@@ -142,7 +142,8 @@ lint: lint-tools
 # Each Ascend target's vLLM Python code on the CPU (what vllm-ascend's image of that release runs),
 # for the plugin's backport tests: one venv per target of deploy/ascend-targets.yaml whose
 # `test_lock` is its own (requirements/vllmXYZ.lock -> .venv-vllmXYZ; not requirements/cpu.lock;
-# tests/test_plugin_targets.py keeps this list and the table in line). 1.5-3.5 minutes cold each with a warm pip cache, then cached.
+# tests/test_plugin_targets.py keeps this list and the table in line). 1.5-3.5 minutes cold with a
+# warm pip cache (one derived from another, below: seconds), then cached.
 PLUGIN_STAMPS := $(PLUGIN_TARGETS:%=.venv-%/.installed)
 $(PLUGIN_TARGETS:%=venv-%): venv-%: .venv-%/.installed
 # All of them, for make test's setup: one make, so that a venv built from another is built once.
@@ -156,8 +157,8 @@ PATCH_CHECK := $(if $(VLLM),vllm$(subst .,,$(patsubst %.0,%,$(VLLM))))
 PATCH_CHECK_STAMP := $(filter-out $(PLUGIN_STAMPS),$(PATCH_CHECK:%=.venv-%/.installed))
 
 # A target whose lock is the first target's but for the vllm line (vllm023.lock and vllm030.lock:
-# the same 96 packages besides vLLM) gets a hard-linked copy of the first target's venv with its own vLLM
-# swapped in: ~9 s instead of ~50 CPU-seconds of pip (docs/development.md, "Where the time goes").
+# the same 96 packages besides vLLM) gets a hard-linked copy of the first target's venv with its
+# own vLLM swapped in: ~9 s instead of ~50 CPU-seconds of pip (docs/development.md, "Measured").
 # pip replaces vLLM by unlinking and writing files, never in place, and sed -i writes new files, so
 # the first venv is untouched; the paths its scripts and pyvenv.cfg name are rewritten to the copy's.
 # (A filesystem without hard links gets a plain copy.)
