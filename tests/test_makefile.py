@@ -29,13 +29,13 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_PIN = "\"$(grep -m1 '^torch==' requirements/cpu.lock)\""
 
 
-def make_n(*args: str, path: str | None = None, **env: str) -> subprocess.CompletedProcess:
-    """`make -n -B ARGS` in the checkout: the commands make would run, all of them, none run."""
+def make_n(*args: str, path: str | None = None, cwd: pathlib.Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    """`make -n -B ARGS` in the checkout (or `cwd`): the commands make would run, all of them, none run."""
     environ = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "TORCH_INDEX_URL", "MAKEFLAGS")}
     environ.update(env)
     if path is not None:
         environ["PATH"] = path
-    return subprocess.run([MAKE, "-n", "-B", *args], cwd=REPO, env=environ, capture_output=True, text=True,
+    return subprocess.run([MAKE, "-n", "-B", *args], cwd=cwd, env=environ, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -117,8 +117,7 @@ def test_a_target_whose_lock_differs_only_in_vllm_is_the_first_targets_venv_with
         shutil.copy(REPO / name, tmp_path / name)
     lock = (REPO / "requirements" / f"{second}.lock").read_text()
     (tmp_path / "requirements" / f"{second}.lock").write_text(lock.replace("torch==2.13.0+cpu", "torch==2.12.0+cpu"))
-    whole = subprocess.run([MAKE, "-n", "-B", f"venv-{second}"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=60, env={k: v for k, v in os.environ.items() if k != "MAKEFLAGS"})
+    whole = make_n(f"venv-{second}", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
     assert "cp -al" not in whole.stdout and f"--no-deps -r requirements/{second}.lock" in whole.stdout, whole.stdout
 

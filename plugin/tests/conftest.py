@@ -4,7 +4,6 @@ once per target: `.venv-vllm030/bin/python -m pytest plugin/tests`, then `.venv-
 from __future__ import annotations
 
 import contextlib
-import inspect
 import pathlib
 import sys
 from collections.abc import Iterator
@@ -46,8 +45,7 @@ def start_waiting_harnesses_first(request: pytest.FixtureRequest) -> None:
     """Start `waiting_harnesses` with the session when a collected test uses them: their ~30 s of
     waiting then passes beside the other tests' work. Started when their tests came, they held the
     run ~30 s per target with its core idle (`make test` runs the targets side by side)."""
-    if any("waiting_harnesses" in inspect.signature(item.obj).parameters
-           for item in request.session.items if isinstance(item, pytest.Function)):
+    if any("waiting_harnesses" in item.fixturenames for item in request.session.items):
         request.getfixturevalue("waiting_harnesses")
 
 
