@@ -93,14 +93,16 @@ TEST_TIMES := build/test-times
 SETUP_MAKE := $(MAKE) --no-print-directory
 test:
 	@status=0; phases=""; mkdir -p $(TEST_TIMES); \
-	phase() { phases+=$$(printf '%-24s %5d s' "$$1" $$2; [ $$3 = 0 ] || printf '  exit %d' $$3)$$'\n'; }; \
+	phase() { phases+=$$(printf '%-24s %5d s' "$$1" $$2; [ "$$3" = 0 ] || printf '  exit %d' $$3)$$'\n'; }; \
 	timed() { local name=$$1 start=$$(date +%s) rc=0; shift; "$$@" || rc=$$?; \
 		phase "$$name" $$(( $$(date +%s) - start )) $$rc; return $$rc; }; \
 	spawn() { local out=$(TEST_TIMES)/$$1; shift; \
 		( start=$$(date +%s); rc=0; "$$@" >$$out.log 2>&1 || rc=$$?; \
 		  echo "$$rc $$(( $$(date +%s) - start ))" >$$out.rc ) & }; \
 	joined() { local rc seconds; echo "== $$1"; cat $(TEST_TIMES)/$$2.log; \
-		read rc seconds <$(TEST_TIMES)/$$2.rc; phase "$$1" $$seconds $$rc; return $$rc; }; \
+		read rc seconds 2>/dev/null <$(TEST_TIMES)/$$2.rc; \
+		[ -n "$$rc" ] || { rc=1; echo "== $$1 wrote no exit status: killed, or no space left on device"; }; \
+		phase "$$1" $${seconds:-0} $$rc; return $$rc; }; \
 	report() { printf '== make test phases\n%s' "$$phases"; }; \
 	start=$$(date +%s); \
 	for setup in $(TEST_SETUP); do spawn setup-$$setup $(SETUP_MAKE) $$setup; done; wait; \

@@ -212,26 +212,36 @@ def test_make_test_prints_every_phase_with_its_seconds_and_failures() -> None:
     assert re.fullmatch(r"ruff +\d+ s", table[0]) and re.fullmatch(r"tests/ +\d+ s  exit 1", table[1]), table
 
 
-SETUP_STAND_IN = "import sys, time; time.sleep(2); sys.exit(3 if sys.argv[1] == 'bad' else 0)"
+# `lost` kills the shell that runs it, before that shell writes the step's exit status (as a full disk
+# would stop it writing).
+SETUP_STAND_IN = """import os, sys, time
+time.sleep(2)
+if sys.argv[1] == "lost":
+    os.kill(os.getppid(), 9)
+sys.exit(3 if sys.argv[1] == "bad" else 0)
+"""
 
 
 def test_make_test_runs_its_setup_steps_side_by_side_and_stops_after_a_failed_one(tmp_path) -> None:
-    """The setup steps (a stand-in for `make STEP` that takes 2 s; `bad` fails) run at once: each
-    is timed and its log printed, the failed one with its exit status, and the tests do not run."""
+    """The setup steps (a stand-in for `make STEP` that takes 2 s; `bad` fails, `lost` leaves no
+    status) run at once: each is timed and its log printed, a failed one with its exit status (1 and
+    a line that says so when it wrote none), and the tests do not run."""
     stand_in = tmp_path / "setup.py"
     stand_in.write_text(SETUP_STAND_IN)
     environ = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
-    result = subprocess.run([MAKE, "--no-print-directory", "test", "TEST_SETUP=one bad three", "PLUGIN_TARGETS=",
+    result = subprocess.run([MAKE, "--no-print-directory", "test", "TEST_SETUP=one lost bad three", "PLUGIN_TARGETS=",
                              f"SETUP_MAKE=python3 {stand_in}", f"TEST_TIMES={tmp_path / 'times'}", "RUFF=false"],
                             cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "Error 3" in result.stderr, result.stdout + result.stderr
     table = result.stdout[result.stdout.index("== make test phases"):].splitlines()[1:]
     rows = [re.fullmatch(r"(.+?) +(\d+) s(  exit (\d+))?", line).group(1, 2, 4) for line in table]
     assert [(name, code) for name, _, code in rows] == [
-        ("make one", None), ("make bad", "3"), ("make three", None), ("setup, side by side", "3")], table
-    assert 2 <= int(rows[3][1]) < 5, table  # side by side: about one step's 2 s, not three steps' 6 s
+        ("make one", None), ("make lost", "1"), ("make bad", "3"), ("make three", None),
+        ("setup, side by side", "3")], table
+    assert 2 <= int(rows[4][1]) < 5, table  # side by side: about one step's 2 s, not three steps' 6 s
     assert [line for line in result.stdout.splitlines() if line.startswith("== make ")] == [
-        "== make one", "== make bad", "== make three", "== make test phases"]
+        "== make one", "== make lost", "== make lost wrote no exit status: killed, or no space left on device",
+        "== make bad", "== make three", "== make test phases"]
 
 
 def test_test_times_tables_each_file_and_the_slowest_tests(tmp_path) -> None:
