@@ -226,6 +226,57 @@ def test_ab_profile_flags_reach_only_their_server(tiny_config, tmp_path):
     assert "--api-server-count=2" in b.describe()
 
 
+# A stand-in for vLLM's bench client, as a cell's module: it says what its process had and got.
+CELL_PROBE = """import json, os, sys, time
+
+
+def main():
+    from minicpmv_ascend.tools import bench
+    print(json.dumps({"pid": os.getpid(), "parent": os.getppid(), "argv": sys.argv[1:3],
+                      "not_preloaded": sorted(set(bench.CELL_PRELOAD) - set(sys.modules)),
+                      "key": os.environ.get("OPENAI_API_KEY"), "probe": os.environ["CELL_PROBE"]}), flush=True)
+    time.sleep(60 if os.environ["CELL_PROBE"] == "hang" else 0)
+    sys.exit(3)
+"""
+# Two cells and a third that outlives its timeout, through bench.run_cell as a sweep runs them.
+RUN_PROBE_CELLS = """import json, os, pathlib, sys
+from minicpmv_ascend.tools import bench
+bench.Cell.client_module = "cell_probe"
+out = pathlib.Path(sys.argv[1])
+cell = bench.Cell("text", 1, 1, 8, 4)
+records = []
+for probe, timeout in (("first", 60), ("second", 60), ("hang", 3)):
+    os.environ["CELL_PROBE"] = probe
+    records.append(bench.run_cell(cell, "http://127.0.0.1:9", "m", "t", out / probe, 0, timeout))
+print(json.dumps(records))
+"""
+
+
+@pytest.mark.slow
+def test_cells_are_forked_from_one_process_that_imported_the_client(tmp_path):
+    """Each cell runs as `python -m MODULE bench serve ...` would (its argv, the bench's environment
+    with the API key as OPENAI_API_KEY, its output in its log, its exit code), forked from one fork
+    server that had already imported vLLM's bench client (CELL_PRELOAD: ~14 CPU-s per cell
+    otherwise); a cell past its timeout is killed and recorded as timed out."""
+    (tmp_path / "cell_probe.py").write_text(CELL_PROBE)
+    env = clean_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+                    VLLM_API_KEY="probe-key")
+    done = subprocess.run([sys.executable, "-c", RUN_PROBE_CELLS, str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(done.stdout.splitlines()[-1])
+    seen = [json.loads(next(line for line in r["error"].splitlines() if line.startswith('{"pid"'))) for r in records]
+    assert [r["error"].split(";")[0] for r in records] == [
+        "vllm bench serve exited with 3", "vllm bench serve exited with 3", "vllm bench serve timed out"], records
+    assert [s["probe"] for s in seen] == ["first", "second", "hang"]
+    assert all(s["argv"] == ["bench", "serve"] and s["not_preloaded"] == [] and s["key"] == "probe-key"
+               for s in seen), seen
+    assert len({s["parent"] for s in seen}) == 1 and len({s["pid"] for s in seen}) == 3, seen
+    assert all("cell_probe bench serve" in r["command"] for r in records)
+    with pytest.raises(ProcessLookupError):  # killed with its parent's run, not left behind
+        os.kill(seen[2]["pid"], 0)
+
+
 @pytest.mark.slow
 def test_roofline_command_measures_this_machine(tiny_checkpoint, tmp_path):
     result = run_bench("roofline", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--threads", "1",

@@ -7,7 +7,8 @@
     minicpmv-bench roofline [--checkpoint DIR] --out DIR
         this machine's memory bandwidth and bf16 matmul rate, and one decode token's bytes and FLOPs
 
-Every cell is one `python -m minicpmv_ascend.vllm_cli bench serve` run (chat endpoint, `random` or
+Every cell is one `python -m minicpmv_ascend.vllm_cli bench serve` run (forked from a process that
+has imported it: CELL_PRELOAD; chat endpoint, `random` or
 `random-mm` dataset, fixed input/output lengths, `--ignore-eos`, `--max-concurrency`), so the
 numbers are vLLM's own definitions of TTFT, TPOT, ITL and throughput; unstreamed cells (`--stream
 off`) run the same through tools/bench_client.py, whose chat client can send `"stream": false`. Exact image sizes are a
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -33,7 +35,6 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import urllib.parse
@@ -254,10 +255,49 @@ def _api_key() -> str | None:
 def _bench_env() -> dict[str, str]:
     env = dict(os.environ)
     key = _api_key()
-    if key:  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
+    if key:  # vLLM's bench client sends OPENAI_API_KEY as the bearer token, read per request
         env["OPENAI_API_KEY"] = key
-    env.setdefault("HF_HUB_OFFLINE", "1")
     return env
+
+
+# A cell's process first imports vLLM's CLI and bench client: ~14 CPU-seconds (torch, vLLM's
+# datasets and LoRA layers) against a few seconds of requests on a small model. Cells are forked
+# from one process that has imported them (multiprocessing's fork server, started before the first
+# cell's clock), so a sweep pays the import once. What a cell does is still `python -m
+# CLIENT_MODULE bench serve ...` (its record's "command"): that module's main() with those
+# arguments, the cell's environment, its output in the cell's log, its exit code.
+CELL_PRELOAD = ("minicpmv_ascend.tools.bench", "minicpmv_ascend.tools.bench_client", "vllm.benchmarks.serve",
+                "vllm.entrypoints.cli.main", "vllm.entrypoints.cli.benchmark.main",
+                "vllm.entrypoints.cli.benchmark.serve", "vllm.entrypoints.cli.serve",
+                "vllm.entrypoints.cli.openai")
+
+
+@functools.cache
+def _cell_forks() -> Any:
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(CELL_PRELOAD))
+    ready = context.Process(target=int)  # returns once the fork server has imported CELL_PRELOAD
+    ready.start()
+    ready.join()
+    return context
+
+
+def _cell_process(module: str, args: Sequence[str], env: Mapping[str, str], log: str) -> None:
+    """The forked cell: `python -m module *args` with `env`, stdout and stderr to `log`."""
+    import importlib
+
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [module, *args]
+    file = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd in (1, 2):
+        os.dup2(file, fd)
+    os.close(file)
+    # multiprocessing's bootstrap then does what the interpreter would: SystemExit's code is the
+    # exit code, an exception's traceback goes to stderr and exits 1, the streams are flushed.
+    importlib.import_module(module).main()
 
 
 def summarise(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,19 +323,23 @@ def run_cell(cell: Cell, base_url: str, model: str, tokenizer: str, out: pathlib
     raw_dir.mkdir(parents=True, exist_ok=True)
     result_file = raw_dir / f"{cell.slug}.json"
     result_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", cell.client_module, *cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)]
+    args = cell.bench_args(base_url, model, tokenizer, raw_dir, warmups)
+    cmd = [sys.executable, "-m", cell.client_module, *args]  # what the forked cell is
     record: dict[str, Any] = {"name": cell.name, **dataclasses.asdict(cell), "command": shlex.join(cmd),
                               "load_before": lifecycle.machine_load(server_pids)}
-    print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     log = raw_dir / f"{cell.slug}.log"
+    forks = _cell_forks()
+    print(f"[bench] {cell.name}: {cell.num_prompts} requests", file=sys.stderr, flush=True)
     started, cpu_before = time.monotonic(), lifecycle.cpu_snapshot()
-    with log.open("w") as stream:
-        try:
-            proc = subprocess.run(cmd, stdout=stream, stderr=subprocess.STDOUT, env=_bench_env(), timeout=timeout,
-                                  check=False)
-            returncode = proc.returncode
-        except subprocess.TimeoutExpired:
-            returncode = None
+    proc = forks.Process(target=_cell_process, args=(cell.client_module, args, _bench_env(), str(log)))
+    proc.start()
+    try:
+        proc.join(timeout)
+        returncode = proc.exitcode  # None: still running after `timeout`
+    finally:  # after a timeout, or SIGTERM (SystemExit) meanwhile, the cell goes too
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
     record["wall_s"] = round(time.monotonic() - started, 1)
     record["cpu"] = lifecycle.cpu_window(cpu_before, lifecycle.cpu_snapshot(), server_pids)
     record["contended"] = bench_report.contended(record)
@@ -790,6 +834,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    # Nothing here downloads: the tokenizer and rooflines read the local checkpoint. Set here, not
+    # per cell: the cells' fork server reads it when it imports transformers.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = pathlib.Path(args.out)
     try:
         _api_key()  # a bad API key setting stops the run before any server or cell starts
