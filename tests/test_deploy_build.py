@@ -32,6 +32,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version as PackagingVersion
 
 import transformers_decision as td
+from support.ascend_stand_in import HAL_ERROR, npu_without_driver
 from support.deploy import (
     APP_DIR,
     K8S,
@@ -65,8 +66,6 @@ VLLM_TRANSFORMERS_REQUIREMENT = {
 }
 # The Dockerfile before issue 11 (vllm-ascend v0.23.0, the unprotected MiniCPMV4_6Config check).
 DOCKERFILE_BEFORE = "0130bdc"
-STAND_IN_NPU = "fake-torch-npu-without-driver"
-HAL_ERROR = "libascend_hal.so: cannot open shared object file: No such file or directory"
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,17 +313,6 @@ def test_every_target_has_its_vllm_requirement_and_a_pin_that_meets_it() -> None
 # --------------------------------------------------------------------------------------------
 
 
-def stand_in_npu_without_driver(site: pathlib.Path) -> None:
-    """A torch_npu that fails like the real one in `docker build` (its C extension needs the
-    driver's libascend_hal.so), registered as torch_npu registers itself (torch.backends)."""
-    (site / "torch_npu").mkdir(parents=True)
-    (site / "torch_npu" / "__init__.py").write_text(f"raise ImportError({HAL_ERROR!r})\n")
-    dist = site / f"{STAND_IN_NPU.replace('-', '_')}-0.0.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {STAND_IN_NPU}\nVersion: 0.0.0\n")
-    (dist / "entry_points.txt").write_text("[torch.backends]\ntorch_npu = torch_npu:_autoload\n")
-
-
 def python_steps(dockerfile_text: str, build_dir: pathlib.Path) -> list[tuple[int, dict[str, str], list[str]]]:
     """(line, environment, host argv) of every `python`/`python3` command of the final stage's RUN
     steps, in build order. The environment is the stage's build arguments (Docker exports them to
@@ -362,7 +350,7 @@ def python_steps(dockerfile_text: str, build_dir: pathlib.Path) -> list[tuple[in
 def without_driver(tmp_path_factory) -> pathlib.Path:
     """The stand-in site: a torch_npu without its driver, and the default target's vLLM."""
     site = tmp_path_factory.mktemp("stand-in") / "site"
-    stand_in_npu_without_driver(site)
+    npu_without_driver(site)
     default = TABLE["targets"][TABLE["default"]]
     stand_in_vllm(site, default["vllm"], VLLM_TRANSFORMERS_REQUIREMENT[default["vllm"]])
     return site

@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 
+from support.ascend_stand_in import HAL_ERROR, cann_tree, npu_without_driver
 from support.deploy import (
     APP_DIR,
     ASCEND_ENV,
@@ -183,18 +184,7 @@ REPORT = textwrap.dedent("""\
 
 @pytest.fixture
 def fake_cann(tmp_path: pathlib.Path) -> pathlib.Path:
-    """The layout of the CANN 9 base image: toolkit, versioned ascendnpu-ir, NNAL/ATB set_env.sh."""
-    root = tmp_path / "Ascend"
-    version = root / "cann-9.1.0"
-    (root / "ascend-toolkit").mkdir(parents=True)
-    (root / "ascend-toolkit" / "set_env.sh").write_text(
-        f'export FAKE_TOOLKIT=1\nexport TOOLKIT_ARGC=$#\nexport ASCEND_TOOLKIT_HOME="{version}"\n')
-    ir = version / "share" / "info" / "ascendnpu-ir" / "bin"
-    ir.mkdir(parents=True)
-    (ir / "set_env.sh").write_text("export FAKE_IR=1\n")
-    (root / "nnal" / "atb").mkdir(parents=True)
-    (root / "nnal" / "atb" / "set_env.sh").write_text('export ATB_ARGS="$*"\n')
-    return root
+    return cann_tree(tmp_path / "Ascend")
 
 
 def run_wrapper(root: pathlib.Path, *command: str, **env: str) -> subprocess.Popen:
@@ -240,6 +230,24 @@ def test_ascend_image_command_outside_docker_dry_run(fake_cann: pathlib.Path, ti
     overrides = json.loads(command[command.index("--hf-overrides") + 1])
     assert overrides["text_config"]["rope_parameters"]["mrope_section"] == [11, 11, 10]
     assert "--enforce-eager" in command and "--no-enable-prefix-caching" in command
+
+
+@pytest.mark.slow
+def test_ascend_image_without_the_npu_driver_dry_run_says_what_to_mount(fake_cann, tiny_config, tmp_path) -> None:
+    """The same command where torch_npu cannot load (no driver mounted: the stand-in raises what
+    the real one raises): exit 2 with the launcher's message naming the driver mounts, not torch's
+    traceback from inside vLLM's import."""
+    site = tmp_path / "site"
+    npu_without_driver(site)
+    files = copy_map(final_stage(dockerfile_instructions(DOCKERFILES["ascend"])))
+    argv = to_host(image_command(DOCKERFILES["ascend"]), files)
+    env = {**env_mapping(ASCEND_ENV), "MODEL_PATH": str(tiny_config)}
+    result = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=180, cwd=REPO,
+                            env=clean_env(MINICPMV_ASCEND_ROOT=str(fake_cann), PYTHONPATH=str(site), **env))
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert result.stderr.startswith("minicpmv-ascend: configuration error in `NPU driver`"), result.stderr
+    assert HAL_ERROR in result.stderr and "/usr/local/Ascend/driver/lib64" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def build_time_python_checks(path: pathlib.Path) -> list[str]:

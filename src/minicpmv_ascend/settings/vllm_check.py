@@ -21,8 +21,23 @@ class _VllmRejected(Exception):
     pass
 
 
+# What torch raises when a device-backend entry point fails to load (torch/__init__.py).
+_BACKEND_LOAD_FAILED = "Failed to load the backend extension: torch_npu"
+
+
 def vllm_parser() -> argparse.ArgumentParser:
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except RuntimeError as err:  # importing vLLM imports torch, which loads torch_npu on Ascend
+        if _BACKEND_LOAD_FAILED not in str(err):
+            raise
+        raise ConfigError(
+            "NPU driver", str(err.__cause__ or err), "torch_npu, loaded by `import torch`",
+            "torch_npu cannot load, so neither can vLLM; most often the host's NPU driver libraries "
+            "(libascend_hal.so) are not mounted into the container",
+            "mount the host's /usr/local/Ascend/driver/lib64 and driver/version.info read-only (compose.yaml's "
+            "NPU services do; Kubernetes: the driver-hostpath component), with the card's /dev/davinciN, "
+            "and check `npu-smi info` on the host") from None
 
     try:  # vLLM >= 0.32
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
