@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # MiniCPM-V-4.6-Thinking on Huawei Ascend NPUs: the official vllm-ascend release image, plus
 # this project (launcher, vLLM plugin, health probe), a transformers that has MiniCPM-V 4.6,
 # tini as PID 1 and a non-root user.
@@ -20,6 +18,10 @@
 #   docker build --build-arg VLLM_ASCEND_A2_DIGEST=@sha256:<digest> -t minicpmv-ascend:v0.30.0-a2 .
 # Both base stages are declared; BuildKit pulls only the one ASCEND_TARGET selects.
 # Ubuntu-based images only (tini comes from apt). Deployment guide: docs/deploy-ascend.md.
+# Offline or behind a company CA: no `# syntax` line (BuildKit would pull its frontend image from
+# Docker Hub: Docker's built-in one builds this file), every download goes where the build
+# arguments say (VLLM_ASCEND_IMAGE, PIP_INDEX_URL), and the site's CA comes in as the build secret
+# `build_ca` (deploy/docker/with-build-ca.sh; docs/deploy-ascend.md, "Mirrors").
 
 ARG VLLM_ASCEND_IMAGE=quay.io/ascend/vllm-ascend
 ARG VLLM_ASCEND_VERSION=v0.30.0
@@ -68,8 +70,10 @@ USER 0
 # Not version-pinned (DL3008): an exact Ubuntu package version disappears from the archive with the
 # next point release, breaking the build; the base image (tag/digest) pins the distribution.
 # hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
+RUN --mount=type=bind,source=deploy/docker/with-build-ca.sh,target=/usr/local/bin/with-build-ca \
+    --mount=type=secret,id=build_ca \
+    with-build-ca apt-get update \
+    && with-build-ca apt-get install -y --no-install-recommends tini \
     && rm -rf /var/lib/apt/lists/*
 
 # This project (one distribution: launcher, probes, the vLLM general plugin) into the image's
@@ -81,12 +85,13 @@ RUN apt-get update \
 # and its reasons are kept in /opt/minicpmv-ascend/build/ for scripts/ascend_check.py.
 # (DL3013: /tmp/src is a local path, not a registry package.)
 # hadolint ignore=DL3013
-RUN --mount=type=bind,source=.,target=/tmp/src,rw \
+RUN --mount=type=bind,source=.,target=/tmp/src,rw --mount=type=secret,id=build_ca \
     python3 /tmp/src/scripts/transformers_decision.py decide --pin "${TRANSFORMERS_VERSION}" \
         --target "${VLLM_ASCEND_VERSION}" --variant "${ASCEND_TARGET}" \
         --record /opt/minicpmv-ascend/build/transformers-decision.json \
         --requirement-file /opt/minicpmv-ascend/build/transformers-requirement.txt \
-    && python3 -m pip install --no-cache-dir ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
+    && /tmp/src/deploy/docker/with-build-ca.sh python3 -m pip install --no-cache-dir \
+        ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
         -r /opt/minicpmv-ascend/build/transformers-requirement.txt /tmp/src \
     && python3 /tmp/src/scripts/transformers_decision.py verify \
         --record /opt/minicpmv-ascend/build/transformers-decision.json \

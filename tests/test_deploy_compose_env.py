@@ -1,25 +1,29 @@
-"""compose.yaml and env/*.env: the Compose Specification schema, the NPU devices and driver mounts
-an Ascend container needs (docs/design/ascend-stack.md, "Running Ascend containers"), health
-checks, and env files that hold only what the entrypoint declares (plus an explicit list of
-runtime variables), set only what differs from the defaults, and resolve without a configuration
-error."""
+"""compose.yaml and env/*.env: the Compose Specification schema, the file as Compose v2 itself
+resolves it (`docker compose config`: the NPU devices and driver mounts an Ascend container needs,
+docs/design/ascend-stack.md "Running Ascend containers", health checks, the fleet, and the
+documented commands and choices run through it), and env files that hold only what the
+entrypoint declares (plus an explicit list of runtime variables), set only what differs from the
+defaults, and resolve without a configuration error."""
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import re
+import shlex
+import subprocess
 from typing import Any
 
 import pytest
 import yaml
 
 from minicpmv_ascend import settings
+from support.containers import ASCEND_FIRST_HOUR, CHOICES, CPU_WALK, CommandFailed, compose_file_config
 from support.deploy import (
     ASCEND_ENV,
     CPU_ENV,
     ENV_DIR,
     RUNTIME_ENV_ALLOWLIST,
-    TARGETS,
     TARGETS_TABLE,
     VLLM_ASCEND_IMAGE_ENV,
     allowed_env_vars,
@@ -44,52 +48,33 @@ DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/version.info",
     "/etc/ascend_install.info",
 )
-INTERPOLATION = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 # The driver group's id compose requires (`stat -c %g /dev/davinci_manager` on an NPU host).
 TEST_GID = "1234"
 
 
-class RequiredVariableMissing(Exception):
-    pass
-
-
-def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution, enough for this file.
-    Like compose, the whole file is interpolated, whatever the profiles (so a missing required
-    variable stops every command; docker/compose issue 'profile-gated ${VAR:?}')."""
-    def one(match: re.Match) -> str:
-        name, kind, word = match.groups()
-        if env.get(name):
-            return env[name]
-        if kind == "?":
-            raise RequiredVariableMissing(f"required variable {name} is missing a value: {word}")
-        return word or ""
-
-    if isinstance(value, str):
-        return INTERPOLATION.sub(one, value)
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    return value
-
-
 def compose(**env: str) -> dict[str, Any]:
-    """compose.yaml as `docker compose config` would see it, with the required group id set
-    (unless the caller passes HWHIAIUSER_GID itself). x- extension fields are dropped."""
+    """compose.yaml as `docker compose config` resolves it with these variables (and the required
+    group id, unless the caller passes HWHIAIUSER_GID itself), every profile on."""
     env.setdefault("HWHIAIUSER_GID", TEST_GID)
-    spec = interpolate(yaml.safe_load(COMPOSE.read_text()), env)
-    return {k: v for k, v in spec.items() if not k.startswith("x-")}
+    return compose_file_config({k: v for k, v in env.items() if v is not None})
+
+
+def mounts(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A service's volumes by their path in the container."""
+    return {v["target"]: v for v in service.get("volumes", [])}
+
+
+def devices(service: dict[str, Any]) -> dict[str, str]:
+    return {d["source"]: d["target"] for d in service.get("devices", [])}
+
+
+def published(service: dict[str, Any]) -> list[str]:
+    return [f"{p['host_ip']}:{p['published']}:{p['target']}" for p in service.get("ports", [])]
 
 
 def duration_s(text: str) -> float:
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
     return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text))
-
-
-def size_bytes(text: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)([bkmg]?)", text.lower()).groups()
-    return int(number) * 1024 ** "bkmg".index(unit or "b")
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,42 +98,43 @@ def test_schema_check_catches_a_mistake(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize("card", ["0", "3"])
 def test_ascend_service_has_the_npu_devices_and_driver_mounts(card: str) -> None:
     service = compose(ASCEND_CARD=card)["services"]["minicpmv"]
-    devices = {d.split(":")[0]: d.split(":")[1] for d in service["devices"]}
-    assert devices == {f"/dev/davinci{card}": f"/dev/davinci{card}",
-                       **{d: d for d in NPU_CONTROL_DEVICES}}
-    volumes = {v.rsplit(":", 2)[1]: v for v in service["volumes"] if v.count(":") >= 2}
+    assert devices(service) == {f"/dev/davinci{card}": f"/dev/davinci{card}", **{d: d for d in NPU_CONTROL_DEVICES}}
+    volumes = mounts(service)
     for path in DRIVER_MOUNTS:
-        assert volumes.get(path) == f"{path}:{path}:ro", f"driver mount {path} missing or writable"
+        mount = volumes.get(path.rstrip("/"))
+        assert mount and mount["source"] == path and mount["read_only"], f"driver mount {path} missing or writable"
 
 
 def test_ascend_service_is_the_default_built_from_dockerfile_with_its_env_file() -> None:
     spec = compose()
     service = spec["services"]["minicpmv"]
     assert "profiles" not in service, "the Ascend service is the default one"
-    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile", "args": {
+    assert service["build"] == {"context": str(REPO), "dockerfile": "Dockerfile", "args": {
         "VLLM_ASCEND_VERSION": TARGETS_TABLE["default"], "ASCEND_TARGET": "a2",
-        "VLLM_ASCEND_IMAGE": TARGETS_TABLE["image"], "PIP_INDEX_URL": ""}}
+        "VLLM_ASCEND_IMAGE": TARGETS_TABLE["image"], "PIP_INDEX_URL": ""}, "secrets": [{"source": "build_ca"}]}
     assert service["image"] == project_image("a2")
-    assert service["env_file"] == ["env/ascend.env"]
-    assert size_bytes(service["shm_size"]) >= 2**30, (
-        "--shm-size 1g or more (docs/design/ascend-stack.md, Running Ascend containers)")
+    assert yaml.safe_load(COMPOSE.read_text())["x-npu-server"]["env_file"] == ["env/ascend.env"]
+    assert service["environment"] == env_mapping(ASCEND_ENV), "env/ascend.env, and nothing else, reaches the server"
+    assert int(service["shm_size"]) >= 2**30, "--shm-size 1g or more (docs/design/ascend-stack.md, Running Ascend containers)"
     assert service["restart"] in ("unless-stopped", "always", "on-failure")
     assert service["group_add"] == [TEST_GID], "the driver's group (HwHiAiUser) for the non-root user"
     assert not service.get("init"), "the image's PID 1 is tini already"
     assert duration_s(service["stop_grace_period"]) >= 30
     # The weights are mounted read-only where MODEL_PATH points.
-    assert "./models:/models:ro" in service["volumes"]
+    models = mounts(service)["/models"]
+    assert models["source"] == str(REPO / "models") and models["read_only"]
     assert env_mapping(ASCEND_ENV)["MODEL_PATH"].startswith("/models/")
     # The published port reaches the port the server listens on (the default), on this host only.
-    assert service["ports"] == ["127.0.0.1:8000:8000"]
+    assert published(service) == ["127.0.0.1:8000:8000"]
     assert settings.resolve((), env_mapping(ASCEND_ENV))["port"] == 8000
+    assert spec["secrets"]["build_ca"]["file"] == "/dev/null", "no CA bundle unless BUILD_CA_BUNDLE names one"
 
 
 def test_a3_switches_the_image_and_keeps_the_settings() -> None:
     service = compose(ASCEND_TARGET="a3")["services"]["minicpmv"]
     assert service["build"]["args"]["ASCEND_TARGET"] == "a3"
     assert service["image"] == project_image("a3")
-    assert service["env_file"] == ["env/ascend.env"]
+    assert service["environment"] == env_mapping(ASCEND_ENV)
 
 
 @pytest.mark.parametrize("tag", list(TARGETS_TABLE["targets"]))
@@ -176,17 +162,22 @@ def test_cpu_service_is_a_profile_built_from_dockerfile_cpu_with_its_env_file() 
     service = compose()["services"]["minicpmv-cpu"]
     assert service["profiles"] == ["cpu"]
     assert service["build"]["dockerfile"] == "Dockerfile.cpu"
-    assert service["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-    assert service["env_file"] == ["env/cpu.env"]
+    assert service["build"]["args"] == {"PYTHON_IMAGE": "python:3.11-slim-bookworm",
+                                        "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"}
+    assert service["build"]["secrets"] == [{"source": "build_ca"}]
+    assert yaml.safe_load(COMPOSE.read_text())["services"]["minicpmv-cpu"]["env_file"] == ["env/cpu.env"]
+    assert service["environment"] == {**env_mapping(CPU_ENV), "MODEL_PATH": ""}, "empty: the random tiny model"
     assert "devices" not in service
-    assert "./models:/models:ro" in service["volumes"]
+    models = mounts(service)["/models"]
+    assert models["source"] == str(REPO / "models") and models["read_only"]
+    assert mounts(service)["/home/minicpmv/.cache"]["type"] == "volume"
 
 
 def test_the_driver_group_is_required_not_defaulted() -> None:
     """No silent 1000: compose stops on every command until HWHIAIUSER_GID is set, and says where
     the number comes from (the device node, right even with a custom driver user)."""
-    with pytest.raises(RequiredVariableMissing, match=r"HWHIAIUSER_GID.*stat -c %g /dev/davinci_manager"):
-        compose(HWHIAIUSER_GID="")
+    with pytest.raises(CommandFailed, match=r"HWHIAIUSER_GID.*stat -c %g /dev/davinci_manager"):
+        compose(HWHIAIUSER_GID=None)
     raw = COMPOSE.read_text()
     assert "HWHIAIUSER_GID:-" not in raw and "${HWHIAIUSER_GID:?" in raw
     assert compose(HWHIAIUSER_GID="993")["services"]["npu5"]["group_add"] == ["993"]
@@ -195,38 +186,51 @@ def test_the_driver_group_is_required_not_defaulted() -> None:
 def test_ports_are_published_on_this_host_only_unless_asked() -> None:
     """No API key by default: the port stays on 127.0.0.1 until BIND_ADDRESS opens it."""
     for name, service in compose()["services"].items():
-        for port in service.get("ports", []):
+        for port in published(service):
             assert port.startswith("127.0.0.1:"), (name, port)
     exposed = compose(BIND_ADDRESS="0.0.0.0", LB_PORT="9000")["services"]
-    assert exposed["minicpmv"]["ports"] == ["0.0.0.0:8000:8000"]
-    assert exposed["lb"]["ports"] == ["0.0.0.0:9000:8080"]
+    assert published(exposed["minicpmv"]) == ["0.0.0.0:8000:8000"]
+    assert published(exposed["lb"]) == ["0.0.0.0:9000:8080"]
 
 
-def test_base_image_and_pip_index_are_build_arguments_the_dockerfile_declares() -> None:
-    """Where quay.io is slow or blocked: a mirror of the base image and a pip index, from compose."""
+def test_base_images_indexes_and_ca_are_build_arguments_the_dockerfiles_declare(tmp_path) -> None:
+    """Where quay.io, Docker Hub or PyPI are slow, blocked or behind the site's own CA: a mirror of
+    each base image, a pip index, torch's CPU index and a CA bundle, from compose."""
     from support.deploy import dockerfile_instructions
 
-    declared = {ins.args.partition("=")[0].strip() for ins in dockerfile_instructions(REPO / "Dockerfile")
+    def declared(dockerfile: str) -> set[str]:
+        return {ins.args.partition("=")[0].strip() for ins in dockerfile_instructions(REPO / dockerfile)
                 if ins.name == "ARG"}
-    args = compose(VLLM_ASCEND_IMAGE="m.daocloud.io/quay.io/ascend/vllm-ascend",
-                   PIP_INDEX_URL="https://pypi.org/simple")["services"]["minicpmv"]["build"]["args"]
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    spec = compose(VLLM_ASCEND_IMAGE="m.daocloud.io/quay.io/ascend/vllm-ascend", PIP_INDEX_URL="https://pypi.org/simple",
+                   PYTHON_IMAGE="docker.m.daocloud.io/library/python:3.11-slim-bookworm",
+                   TORCH_INDEX_URL="https://mirror.example/whl/cpu", BUILD_CA_BUNDLE=str(ca))
+    args = spec["services"]["minicpmv"]["build"]["args"]
     assert args["VLLM_ASCEND_IMAGE"] == "m.daocloud.io/quay.io/ascend/vllm-ascend"
     assert args["PIP_INDEX_URL"] == "https://pypi.org/simple"
-    assert set(args) <= declared
+    assert set(args) <= declared("Dockerfile")
+    cpu = spec["services"]["minicpmv-cpu"]["build"]["args"]
+    assert cpu == {"PYTHON_IMAGE": "docker.m.daocloud.io/library/python:3.11-slim-bookworm",
+                   "TORCH_INDEX_URL": "https://mirror.example/whl/cpu"}
+    assert set(cpu) <= declared("Dockerfile.cpu")
+    assert spec["secrets"]["build_ca"]["file"] == str(ca)
 
 
 FLEET = ["minicpmv", *(f"npu{n}" for n in range(1, 8))]
 
 
 def test_fleet_profile_one_server_per_card_behind_the_balancer() -> None:
-    services = compose()["services"]
+    services = compose(HWHIAIUSER_GID="993")["services"]
     cards = []
     for name in FLEET:
         service = services[name]
-        devices = {d.split(":")[0] for d in service["devices"]}
-        (card,) = devices - set(NPU_CONTROL_DEVICES)
+        names = set(devices(service))
+        (card,) = names - set(NPU_CONTROL_DEVICES)
         cards.append(card)
-        assert devices - {card} == set(NPU_CONTROL_DEVICES), name
+        assert names - {card} == set(NPU_CONTROL_DEVICES), name
+        assert service["group_add"] == ["993"], name
         # The same server as `minicpmv` but for its card, its profile, its (absent) port, and the
         # build, which `minicpmv` alone does (the same image, built once).
         same = {k: v for k, v in service.items() if k not in ("devices", "profiles", "ports", "build")}
@@ -234,21 +238,81 @@ def test_fleet_profile_one_server_per_card_behind_the_balancer() -> None:
         assert service.get("profiles") == (None if name == "minicpmv" else ["fleet"])
         assert ("build" in service) == (name == "minicpmv"), name
     assert cards == [f"/dev/davinci{n}" for n in range(8)], "eight distinct cards"
+    assert published(services["minicpmv"]) == ["127.0.0.1:8000:8000"]
     lb = services["lb"]
     assert lb["profiles"] == ["fleet"] and sorted(lb["depends_on"]) == sorted(FLEET)
-    assert lb["volumes"] == ["./deploy/compose/nginx-fleet.conf:/etc/nginx/nginx.conf:ro"]
+    conf = mounts(lb)["/etc/nginx/nginx.conf"]
+    assert conf["source"] == str(REPO / "deploy" / "compose" / "nginx-fleet.conf") and conf["read_only"]
     assert "unprivileged" in lb["image"], "nginx as a non-root user"
-    conf = (REPO / "deploy" / "compose" / "nginx-fleet.conf").read_text()
-    assert re.findall(r"^\s*server (\w+):8000 ", conf, re.M) == FLEET
-    assert "listen 8080;" in conf and lb["ports"][0].endswith(":8080")
+    text = (REPO / "deploy" / "compose" / "nginx-fleet.conf").read_text()
+    assert re.findall(r"^\s*server (\w+):8000 ", text, re.M) == FLEET
+    assert "listen 8080;" in text and published(lb) == ["127.0.0.1:8080:8080"]
 
 
 def test_env_files_referenced_by_compose_exist() -> None:
-    for target in TARGETS:
-        for path in compose(ASCEND_TARGET=target)["services"]["minicpmv"]["env_file"]:
-            assert (REPO / path).is_file(), path
-    for path in compose()["services"]["minicpmv-cpu"]["env_file"]:
+    raw = yaml.safe_load(COMPOSE.read_text())
+    for path in [*raw["x-npu-server"]["env_file"], *raw["services"]["minicpmv-cpu"]["env_file"]]:
         assert (REPO / path).is_file(), path
+
+
+def test_the_default_model_path_is_env_ascend_env_s() -> None:
+    """compose passes MODEL_PATH from .env (where the 4.7 choice puts it); without one, the
+    env file's value, which Kubernetes reads: the two defaults are one value."""
+    assert compose()["services"]["minicpmv"]["environment"]["MODEL_PATH"] == env_mapping(ASCEND_ENV)["MODEL_PATH"]
+
+
+# --------------------------------------------------------------------------------------------
+# The documented commands and choices, as Compose resolves them for each command
+# --------------------------------------------------------------------------------------------
+
+
+def as_seen_by(command: str, workdir: pathlib.Path) -> dict[str, Any]:
+    """compose.yaml as one documented `docker compose` command line sees it: the variables it sets
+    for itself (`VAR=value docker compose ...`) and the .env the earlier lines wrote."""
+    words = shlex.split(command)
+    assignments = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: re.match(r"\w+=", w), words))
+    assert words[len(assignments):len(assignments) + 2] == ["docker", "compose"], command
+    return compose_file_config(assignments, dotenv=workdir / ".env")
+
+
+def run_lines(lines: list[str], workdir: pathlib.Path) -> None:
+    """The lines that write .env, run in bash in `workdir` (the GID line's `stat` gets a fake /dev)."""
+    for line in lines:
+        subprocess.run(["bash", "-c", line.replace("stat -c %g /dev/davinci_manager", f"echo {TEST_GID}")],
+                       cwd=workdir, check=True)
+
+
+@pytest.mark.parametrize("choice", list(CHOICES))
+def test_a_choice_made_once_holds_for_build_up_and_ps(choice: str, tmp_path) -> None:
+    """The first hour's commands after one documented choice: `build` tags the image `up` runs and
+    `ps` shows, and what the choice sets reaches the server (4.7: its MODEL_PATH)."""
+    run_lines([ASCEND_FIRST_HOUR["gid"], CHOICES[choice]], tmp_path)
+    seen = {name: as_seen_by(ASCEND_FIRST_HOUR[name], tmp_path)["services"]["minicpmv"]
+            for name in ("build", "up", "ps", "down")}
+    tag = {"a3": TARGETS_TABLE["default"], "v0.23.0": "v0.23.0", "minicpm-v-4.7": "v0.32.0rc1"}[choice]
+    variant = "a3" if choice == "a3" else "a2"
+    for name, service in seen.items():
+        assert service["image"] == project_image(variant, tag), name
+        assert service["build"]["args"]["VLLM_ASCEND_VERSION"] == tag and service["build"]["args"]["ASCEND_TARGET"] == variant
+        assert service["group_add"] == [TEST_GID]
+    model = seen["up"]["environment"]["MODEL_PATH"]
+    assert model == ("/models/MiniCPM-V-4.7-1B" if choice == "minicpm-v-4.7" else env_mapping(ASCEND_ENV)["MODEL_PATH"])
+
+
+def test_a_variable_given_to_one_command_only_is_the_trap_the_choices_avoid(tmp_path) -> None:
+    """The old way, `ASCEND_TARGET=a3 docker compose build` then `docker compose up -d minicpmv`:
+    `up` runs (or builds) the A2 image. What the choice test above would see without .env."""
+    run_lines([ASCEND_FIRST_HOUR["gid"]], tmp_path)
+    built = as_seen_by("ASCEND_TARGET=a3 docker compose build", tmp_path)["services"]["minicpmv"]["image"]
+    ran = as_seen_by(ASCEND_FIRST_HOUR["up"], tmp_path)["services"]["minicpmv"]["image"]
+    assert (built, ran) == (project_image("a3"), project_image("a2"))
+
+
+def test_the_cpu_walk_resolves_with_its_gid_line(tmp_path) -> None:
+    run_lines([CPU_WALK["gid"]], tmp_path)
+    for name in ("up", "ps", "logs", "stop", "down"):
+        service = as_seen_by(CPU_WALK[name], tmp_path)["services"]["minicpmv-cpu"]
+        assert service["image"] == "minicpmv-ascend:cpu" and service["environment"]["MODEL_PATH"] == ""
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ vLLM server, see test_cpu_image_command_is_what_the_shared_server_runs)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
@@ -56,6 +57,16 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: pathlib.Path) -> None:
     bad.write_text("FROM ubuntu\nRUN cd /tmp && ls\n")
     result = run_tool(lint_tool("hadolint"), "--no-color", str(bad))
     assert result.returncode != 0 and "DL3006" in result.stdout and "DL3003" in result.stdout
+
+
+def test_the_dockerfiles_need_no_registry_for_their_frontend() -> None:
+    """A `# syntax=` line makes BuildKit pull its frontend image from Docker Hub before anything
+    else: no registry, no build. Docker's built-in frontend builds RUN --mount and secrets."""
+    for name in ("Dockerfile", "Dockerfile.cpu", "tests/containers/vllm-ascend-stand-in.Dockerfile"):
+        lines = (REPO / name).read_text().splitlines()
+        # Parser directives: the `# key=value` lines at the very top, before any other line.
+        directives = itertools.takewhile(lambda line: re.match(r"#\s*\w+\s*=", line), lines)
+        assert not [d for d in directives if re.match(r"#\s*syntax\s*=", d, re.IGNORECASE)], name
 
 
 def test_ascend_base_is_the_pinned_official_image_with_an_a3_variant() -> None:
@@ -143,7 +154,10 @@ def test_ascend_image_installs_this_project_and_the_decided_transformers() -> No
     assert commands[0][commands[0].index("--target") + 1] == TARGETS_TABLE["default"]
     assert commands[0][commands[0].index("--record") + 1] == record
     assert commands[0][commands[0].index("--requirement-file") + 1] == requirement
-    assert commands[1][:3] == ["python3", "-m", "pip"] and commands[1][-3:] == ["-r", requirement, "/tmp/src"]
+    # pip downloads: through the CA wrapper (the build secret `build_ca`, when the site gives one).
+    assert commands[1][:4] == ["/tmp/src/deploy/docker/with-build-ca.sh", "python3", "-m", "pip"]
+    assert commands[1][-3:] == ["-r", requirement, "/tmp/src"]
+    assert "--mount=type=secret,id=build_ca" in install.args
     assert commands[2] == ["python3", "/tmp/src/scripts/transformers_decision.py", "verify", "--record", record]
     assert commands[3] == ["python3", "/tmp/src/scripts/transformers_decision.py", "import", "--record", record]
     assert "vllm.general_plugins" in commands[4][2]

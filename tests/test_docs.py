@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from support.containers import ASCEND_FIRST_HOUR, CHOICES, CPU_WALK, README_CURL
 from support.server import REPO
 
 MARKDOWN = sorted(
@@ -177,14 +178,49 @@ def needs_a_marker(command: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(COMMAND_PAGES))
 def test_lines_that_need_docker_or_an_npu_are_marked_and_in_the_checklist(name: str) -> None:
+    """Marked lines need an operator's machine, so the checklist covers each; the CPU walk's lines
+    need Docker only, and the container phase runs them here (tests/test_containers.py)."""
     checklist = " ".join(section(read(DEPLOY), CHECKLIST).split())
     for block in command_blocks(name, COMMAND_PAGES[name]):
         for command, marker in command_lines(block):
             if needs_a_marker(command):
                 assert marker, f"{name}: `{command}` needs Docker or an NPU: mark it # [docker] or # [npu]"
-            if marker:
+            if marker and command not in CPU_WALK.values():
                 assert " ".join(command.split()) in checklist, (
                     f"{name}: `{command}` is marked [{marker}]: the operator checklist must cover it")
+
+
+def documented_commands(name: str, heading: str | None = None) -> set[str]:
+    """The commands a page gives: its bash blocks' lines, its inline code, and for compose.yaml the
+    command lines of its header (`#   command   # comment`)."""
+    text = read(name)
+    if name == "compose.yaml":
+        header = text[:text.index("\nname:")]
+        return {re.sub(r"\s+#.*$", "", line[4:]).strip() for line in header.splitlines() if line.startswith("#   ")}
+    text = section(text, heading)
+    blocks = {command for block in command_blocks(name, heading) for command, _ in command_lines(block)}
+    return blocks | set(re.findall(r"`([^`\n]+)`", FENCE.sub("", text)))
+
+
+# Where each documented walk is given: the container phase runs the CPU walk, the compose tests run
+# the Ascend first hour and the choices through `docker compose config` (tests/support/containers.py).
+WALK_PAGES = {
+    "CPU walk": (CPU_WALK, ["README.md", "README.zh-CN.md", DEPLOY, "compose.yaml"]),
+    "Ascend first hour": (ASCEND_FIRST_HOUR, ["README.md", "README.zh-CN.md", DEPLOY, "docs/deploy-ascend.zh-CN.md",
+                                              "compose.yaml"]),
+    "choices": (CHOICES, ["README.md", "README.zh-CN.md", DEPLOY, "docs/deploy-ascend.zh-CN.md", "compose.yaml"]),
+}
+
+
+@pytest.mark.parametrize("walk", sorted(WALK_PAGES))
+def test_the_documented_walks_are_the_commands_the_tests_run(walk: str) -> None:
+    commands, pages = WALK_PAGES[walk]
+    for name in pages:
+        heading = FIRST_HOUR if name == DEPLOY and walk != "CPU walk" else None
+        missing = [c for c in commands.values() if c not in documented_commands(name, heading)]
+        assert not missing, f"{name} lacks these lines of the {walk} (tests/support/containers.py): {missing}"
+    for name in ("README.md", "README.zh-CN.md"):
+        assert README_CURL in read(name), f"{name}: the curl the container phase runs"
 
 
 def compose_variables() -> set[str]:

@@ -200,16 +200,34 @@ def test_without_311_or_312_it_stops_and_says_how_to_get_one(tmp_path, given) ->
     assert not (work / ".venv").exists()
 
 
-def test_make_test_prints_every_phase_with_its_seconds_and_failures() -> None:
+# Stands in for .venv's python in `make test`: the main suite fails; the container phase (`-m
+# container`) writes two step times, one failed, to the file CONTAINER_STEPS names, and passes.
+PYTEST_STAND_IN = """import os, sys
+if "container" not in sys.argv:
+    sys.exit(1)
+with open(os.environ["CONTAINER_STEPS"], "a") as out:
+    out.write("engine\\t1\\tok\\nCPU image build\\t207\\tfailed\\n")
+"""
+
+
+def test_make_test_prints_every_phase_with_its_seconds_and_failures(tmp_path) -> None:
     """`make test` times each phase and prints the table at the end, a failed phase with its exit
-    status; here with no setup and no target, ruff replaced by `true` and pytest by `false`."""
+    status and the container phase's steps under it; here with no setup and no target, ruff
+    replaced by `true` and pytest by a stand-in."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\n{PYTEST_STAND_IN}")
+    stand_in.chmod(0o755)
     environ = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
     result = subprocess.run([MAKE, "--no-print-directory", "test", "TEST_SETUP=", "PLUGIN_TARGETS=", "RUFF=true",
-                             "VPY=false"], cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
+                             f"VPY={stand_in}", f"TEST_TIMES={tmp_path / 'times'}"],
+                            cwd=REPO, env=environ, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0, result.stdout
     table = result.stdout[result.stdout.index("== make test phases"):].splitlines()[1:]
-    assert [line.split()[0] for line in table] == ["ruff", "tests/", "total"], table
+    assert [line.split()[0] for line in table] == ["ruff", "tests/", "containers", "engine", "CPU", "total"], table
     assert re.fullmatch(r"ruff +\d+ s", table[0]) and re.fullmatch(r"tests/ +\d+ s  exit 1", table[1]), table
+    assert re.fullmatch(r"containers +\d+ s", table[2]), table
+    assert table[3:5] == ["  engine                     1 s", "  CPU image build          207 s  failed"], table
+    assert re.fullmatch(r"total +\d+ s  exit 1", table[5]), table
 
 
 # `lost` kills the shell that runs it, before that shell writes the step's exit status (as a full disk

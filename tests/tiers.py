@@ -12,6 +12,8 @@ starts no vLLM and loads no torch outside the pytest process, whatever a test's 
   tokenizer or file layout use `tiny_config` instead.
 - `py312`: runs the package on the second Python, 3.12 (the Ascend image's; `.venv-py312`, built by
   `make py312`), so that `make check` needs no second Python's venv.
+- `container`: uses a real Docker engine (tests/test_containers.py): only the container phase of
+  `make test` and `make test-containers` run these, in a pytest process of their own.
 
 At collection, a test that uses a shared server's fixture (directly or through another fixture)
 must be marked `server`, and a test marked `server` must use one; a test that uses `tiny_checkpoint` must
@@ -35,7 +37,7 @@ import threading
 import psutil
 import pytest
 
-MARKERS = ("server", "engine", "slow", "py312")
+MARKERS = ("server", "engine", "slow", "py312", "container")
 VLLM_TITLE = "VLLM::"  # how vLLM titles its engine and worker processes (tests/test_tiers.py swaps it)
 VLLM_COMMANDS = {"minicpmv_ascend.vllm_cli", "vllm"}  # `python -m X serve`, `X serve` (swapped alike)
 SHARED_SERVERS = {"server", "other_server", "server_47"}  # the fixtures of tests/conftest.py

@@ -113,8 +113,10 @@ def check_model_in_vllm(resolution: Resolution, served: Model) -> None:
         return
     setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
     targets = targets_with_vllm(served.vllm_min)
-    where = (f"the Ascend targets that have it: {', '.join(targets)} (docker compose build --build-arg "
-             f"VLLM_ASCEND_VERSION={targets[0].split()[0]})" if targets else "an image on such a vLLM")
+    # Into .env, so that the image `docker compose build` tags is the one `up` runs (a --build-arg
+    # would build that vLLM under the default target's tag).
+    where = (f"the Ascend targets that have it: {', '.join(targets)} (echo \"VLLM_ASCEND_VERSION="
+             f"{targets[0].split()[0]}\" >> .env, then docker compose build)" if targets else "an image on such a vLLM")
     raise error(setting, model,
                 f"{model.value or 'the checkpoint'} is {served.name} ({served.architecture}), which needs vLLM >= "
                 f"{served.vllm_min}; this vLLM ({vllm_source.version()}) has no "

@@ -117,7 +117,8 @@ def markdown(table: dict[str, Any]) -> str:
     pre = [tag for tag, target in table["targets"].items() if target.get("pre_release")]
     if pre:
         lines += ["", f"Pre-release ({', '.join(pre)}): a vllm-ascend release candidate, built only on request "
-                  f"(`--build-arg VLLM_ASCEND_VERSION={pre[0]}`), never the default."]
+                  f"(compose: `echo \"VLLM_ASCEND_VERSION={pre[0]}\" >> .env`; docker: "
+                  f"`--build-arg VLLM_ASCEND_VERSION={pre[0]}`), never the default."]
     cpu = [tag for tag, target in table["targets"].items() if not own_venv(target)]
     if cpu:
         lines += ["", f"Plugin proven in: {', '.join(cpu)} has no test venv of its own: its vLLM release is the CPU "
