@@ -31,7 +31,7 @@ from support.containers import (
     TARGETS_TABLE,
     CommandFailed,
     client_env,
-    compose_config,
+    compose_file_config,
     disk_use,
     docker,
     find_or_start_engine,
@@ -44,6 +44,7 @@ from support.containers import (
     step,
     torch_index,
 )
+from support.deploy import ASCEND_ENV, env_mapping, project_image
 from support.raw_http import send
 
 pytestmark = pytest.mark.container
@@ -55,10 +56,13 @@ STOP_GRACE_S = 60  # compose.yaml's stop_grace_period of the service
 CONTAINER_TARGETS = os.environ.get("CONTAINER_TARGETS", "default")
 
 
-def ascend_targets() -> list[str]:
+def ascend_images() -> list[tuple[str, str]]:
+    """(target, variant) of the Ascend images to build: the default's A2 image, or every target's
+    A2 image and the default's A3 one."""
+    default = TARGETS_TABLE["default"]
     if CONTAINER_TARGETS == "all":
-        return list(TARGETS_TABLE["targets"])
-    return [TARGETS_TABLE["default"]]
+        return [*((tag, "a2") for tag in TARGETS_TABLE["targets"]), (default, "a3")]
+    return [(default, "a2")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +95,7 @@ def engine(workdir):
         ours = [i for i in made if i.startswith(("minicpmv-ascend:", "minicpmv-kit-test/"))]
         if ours:
             docker(env, "rmi", "--force", *ours, check=False)
-        if engine.process is None:
+        if not engine.own:
             print("== the engine was running before the tests: its build cache is left as it is", flush=True)
         engine.stop()
 
@@ -235,31 +239,42 @@ def test_down_leaves_nothing(cpu_walk, project) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tag", ascend_targets())
-def test_the_ascend_image_builds_on_the_stand_in_base(base_env, project, workdir, tiny_config, tag) -> None:
+@pytest.fixture(scope="session")
+def stand_ins() -> dict[str, str]:
+    """The stand-in vllm-ascend image of each target built so far: its repository (both variants)."""
+    return {}
+
+
+@pytest.mark.parametrize("tag, variant", ascend_images())
+def test_the_ascend_image_builds_on_the_stand_in_base(base_env, project, workdir, tiny_config, stand_ins, tag,
+                                                      variant) -> None:
     """Built with the documented `docker compose build`, the target chosen in .env; the build
-    decides and records its transformers, and the image's entrypoint (tini, CANN's environment,
-    the launcher) reads env/ascend.env and the mounted checkpoint, then refuses to start without
-    the NPU driver, with the launcher's message (the stand-in torch_npu fails as the real one does)."""
-    env = dict(base_env)
+    decides and records its transformers (the stand-in has the base image's own where the table
+    knows it: v0.23.0's 5.5.4, without MiniCPM-V 4.6, is replaced by the pin; otherwise the lock's,
+    kept), and the image's entrypoint (tini, CANN's environment, the launcher) reads
+    env/ascend.env and the mounted checkpoint, then refuses to start without the NPU driver, with
+    the launcher's message (the stand-in torch_npu fails as the real one does)."""
+    env, target = dict(base_env), TARGETS_TABLE["targets"][tag]
     model = workdir / "model"
     if not model.exists():
         shutil.copytree(tiny_config, model)
         run(["chmod", "-R", "a+rX", str(model)], env)  # read by the image's uid 1000
-    with step(f"stand-in vllm-ascend:{tag} base"):
-        env["VLLM_ASCEND_IMAGE"] = make_vllm_ascend_stand_in(env, workdir, tag, env["TORCH_INDEX_URL"])
-    (project / ".env").write_text(f"HWHIAIUSER_GID=none\nVLLM_ASCEND_VERSION={tag}\n")
-    with step(f"Ascend image {tag} build"):
+    if tag not in stand_ins:
+        with step(f"stand-in vllm-ascend:{tag} base"):
+            stand_ins[tag] = make_vllm_ascend_stand_in(env, workdir, tag, env["TORCH_INDEX_URL"])
+    env["VLLM_ASCEND_IMAGE"] = stand_ins[tag]
+    (project / ".env").write_text(f"HWHIAIUSER_GID=none\nVLLM_ASCEND_VERSION={tag}\nASCEND_TARGET={variant}\n")
+    with step(f"Ascend image {tag}-{variant} build"):
         run("docker compose build minicpmv", env, cwd=project, timeout=2400)
-    image = compose_config(env, project)["services"]["minicpmv"]["image"]
-    assert image == f"minicpmv-ascend:{tag}-a2"
+    image = compose_file_config({}, dotenv=project / ".env")["services"]["minicpmv"]["image"]
+    assert image == project_image(variant, tag)
     record = json.loads(docker(env, "run", "--rm", "--network", "none", "--entrypoint", "cat", image,
                                "/opt/minicpmv-ascend/build/transformers-decision.json").stdout)
-    assert record["target"] == tag and record["vllm"] == TARGETS_TABLE["targets"][tag]["vllm"], record
-    model_path = dict(line.split("=", 1) for line in (project / "env" / "ascend.env").read_text().splitlines()
-                      if line and not line.startswith("#"))["MODEL_PATH"]
+    assert (record["target"], record["variant"], record["vllm"]) == (tag, variant, target["vllm"]), record
+    assert record["decision"] == ("install" if target.get("base_transformers") else "keep"), record
     started = docker(env, "run", "--rm", "--network", "none", "--env-file", str(project / "env" / "ascend.env"),
-                     "--volume", f"{model}:{model_path}:ro", image, "--dry-run", check=False)
+                     "--volume", f"{model}:{env_mapping(ASCEND_ENV)['MODEL_PATH']}:ro", image, "--dry-run",
+                     check=False)
     assert started.returncode == 2, started.stdout + started.stderr
     assert "with-cann-env.sh" not in started.stderr, "CANN's environment was set up"
     assert "configuration error in `NPU driver`" in started.stderr and HAL_ERROR in started.stderr, started.stderr

@@ -32,15 +32,15 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 
-import yaml
-
 from support import REPO
+from support.deploy import TARGETS_TABLE
 
 DOCKER = pathlib.Path("/usr/bin/docker")  # Debian's docker.io client
 DOCKERD = pathlib.Path("/usr/sbin/dockerd")
@@ -51,6 +51,7 @@ DEBOOTSTRAP = pathlib.Path("/usr/sbin/debootstrap")
 OWN_ENGINE = "minicpmv-kit-docker"
 OWN_SOCKET = f"unix:///run/{OWN_ENGINE}.sock"
 OWN_DATA_ROOT = pathlib.Path("/var/lib") / OWN_ENGINE
+OWN_PIDFILE = pathlib.Path("/run") / f"{OWN_ENGINE}.pid"
 ENGINE_START_TIMEOUT_S = 120
 # Debian's archive for debootstrap (a mirror: DEBIAN_MIRROR=http://mirrors.example/debian).
 DEBIAN_MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -58,7 +59,6 @@ HOST_CA_BUNDLE = pathlib.Path("/etc/ssl/certs/ca-certificates.crt")
 # The images the tests make, under names no registry serves.
 PYTHON_BASE = "minicpmv-kit-test/python:3.11-bookworm"
 VLLM_ASCEND_STAND_IN = "minicpmv-kit-test/vllm-ascend"
-TARGETS_TABLE = yaml.safe_load((REPO / "deploy" / "ascend-targets.yaml").read_text(encoding="utf-8"))
 # The compose override every command of the tests adds (COMPOSE_FILE): host network, loopback.
 OVERRIDE = REPO / "tests" / "containers" / "compose.host-network.yaml"
 STAND_IN_DOCKERFILE = REPO / "tests" / "containers" / "vllm-ascend-stand-in.Dockerfile"
@@ -150,11 +150,12 @@ def step(name: str) -> Iterator[None]:
 
 @dataclasses.dataclass
 class Engine:
-    """A Docker engine the tests talk to: DOCKER_HOST, and dockerd when the tests started it."""
+    """A Docker engine the tests talk to: DOCKER_HOST, and whether the tests own it (started it,
+    or found it left by a run that was killed): then they stop it and remove its data root."""
 
     host: str
-    process: subprocess.Popen | None = None
-    log: pathlib.Path | None = None
+    own: bool = False
+    process: subprocess.Popen | None = None  # the dockerd this run started
 
     def answers(self) -> bool:
         result = subprocess.run([str(DOCKER), "-H", self.host, "version", "--format", "{{.Server.Version}}"],
@@ -162,36 +163,46 @@ class Engine:
         return result.returncode == 0 and bool(result.stdout.strip())
 
     def stop(self) -> None:
-        """Stops the dockerd the tests started (nothing otherwise), then removes its data root."""
-        if self.process is None:
+        """Stops the tests' own dockerd (nothing otherwise), then removes its data root."""
+        if not self.own:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
+        if self.process is not None:  # this run's child: waited for, so that it leaves no zombie
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        else:  # a killed run's: its pidfile
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+                pid = int(OWN_PIDFILE.read_text())
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 60
+                while pathlib.Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                if pathlib.Path(f"/proc/{pid}").exists():
+                    os.kill(pid, signal.SIGKILL)
         shutil.rmtree(OWN_DATA_ROOT, ignore_errors=True)
 
 
 def find_or_start_engine(workdir: pathlib.Path) -> Engine:
-    """The engine DOCKER_HOST (or the default socket) names when it answers; otherwise a dockerd of
-    the tests' own. Fails with what to install where neither is possible."""
-    default = Engine(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"))
+    """The engine DOCKER_HOST (or the default socket) names when it answers; otherwise the tests'
+    own dockerd. Fails with what to install where neither is possible."""
     if not DOCKER.exists() or not DOCKERD.exists():
         raise CommandFailed(f"{DOCKER} or {DOCKERD} is missing: `make system-packages` installs Debian's docker.io")
-    if default.answers():
-        return default
+    for engine in (Engine(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")), Engine(OWN_SOCKET, own=True)):
+        if engine.answers():
+            return engine
     if os.geteuid() != 0:
-        raise CommandFailed(f"no Docker engine answers at {default.host}, and only root can start one here")
+        raise CommandFailed("no Docker engine answers (DOCKER_HOST or /var/run/docker.sock), and only root can "
+                            "start one here")
     shutil.rmtree(OWN_DATA_ROOT, ignore_errors=True)  # a run that was killed left it behind
     log = workdir / "dockerd.log"
     process = subprocess.Popen(
         [str(DOCKERD), "--bridge=none", "--iptables=false", "--ip-masq=false", "-H", OWN_SOCKET,
-         "--data-root", str(OWN_DATA_ROOT), "--exec-root", f"/run/{OWN_ENGINE}", "--pidfile",
-         f"/run/{OWN_ENGINE}.pid"],
+         "--data-root", str(OWN_DATA_ROOT), "--exec-root", f"/run/{OWN_ENGINE}", "--pidfile", str(OWN_PIDFILE)],
         stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    engine = Engine(OWN_SOCKET, process, log)
+    engine = Engine(OWN_SOCKET, own=True, process=process)
     deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
     while not engine.answers():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -349,12 +360,6 @@ def compose_file_config(env: dict[str, str], dotenv: pathlib.Path | None = None)
     argv = [str(compose_binary()), "--env-file", str(dotenv or os.devnull), "--profile", "fleet", "--profile", "cpu",
             "config", "--format", "json"]
     return json.loads(run(argv, {"PATH": os.environ["PATH"], **env}, timeout=60).stdout)
-
-
-def compose_config(env: dict[str, str], cwd: pathlib.Path, *args: str) -> dict:
-    """`docker compose [ARGS] config` as JSON: the file as Compose v2 itself resolves it."""
-    result = run([str(DOCKER), "compose", *args, "config", "--format", "json"], env, cwd=cwd, timeout=60)
-    return json.loads(result.stdout)
 
 
 def service_health(env: dict[str, str], cwd: pathlib.Path, service: str) -> tuple[str, str]:
