@@ -110,7 +110,7 @@ def project(workdir) -> pathlib.Path:
 def base_env(engine, workdir):
     """The client environment, with the bases made and the torch index up for the builds."""
     env = client_env(engine, workdir, KIT_TEST_PORT=str(free_port()), BUILD_CA_BUNDLE=str(HOST_CA_BUNDLE))
-    with step("base image (debootstrap)"):
+    with step("debootstrap base"):
         env["PYTHON_IMAGE"] = make_python_base(env, workdir)
     with torch_index(workdir) as url:
         env["TORCH_INDEX_URL"] = url
@@ -130,7 +130,7 @@ def cpu_walk(base_env, project):
     run(CPU_WALK["gid"], env, cwd=project)
     with step("CPU image build"):
         run("docker compose build minicpmv-cpu", env, cwd=project, timeout=2400)
-    with step("CPU service up to healthy"):
+    with step("CPU up to healthy"):
         run(CPU_WALK["up"], env, cwd=project, timeout=300)
         deadline = time.monotonic() + HEALTHY_TIMEOUT_S
         while (health := service_health(env, project, SERVICE)) != ("running", "healthy"):
@@ -215,7 +215,7 @@ def test_stop_answers_the_requests_in_flight_then_exits_0(cpu_walk, project) -> 
         while running_requests(url) < in_flight:
             assert time.monotonic() < deadline, "the requests never ran together"
             time.sleep(0.2)
-        with step("stop with requests in flight"):
+        with step("CPU stop, in flight"):
             start = time.monotonic()
             run(CPU_WALK["stop"], cpu_walk, cwd=project, timeout=STOP_GRACE_S + 60)
             stopped_after = time.monotonic() - start
@@ -229,7 +229,7 @@ def test_stop_answers_the_requests_in_flight_then_exits_0(cpu_walk, project) -> 
 
 
 def test_down_leaves_nothing(cpu_walk, project) -> None:
-    with step("down"):
+    with step("CPU down"):
         run(CPU_WALK["down"], cpu_walk, cwd=project, timeout=300)
     assert project_leftovers(cpu_walk) == {"containers": [], "volumes": []}
 
@@ -260,11 +260,11 @@ def test_the_ascend_image_builds_on_the_stand_in_base(base_env, project, workdir
         shutil.copytree(tiny_config, model)
         run(["chmod", "-R", "a+rX", str(model)], env)  # read by the image's uid 1000
     if tag not in stand_ins:
-        with step(f"stand-in vllm-ascend:{tag} base"):
+        with step(f"stand-in {tag}"):
             stand_ins[tag] = make_vllm_ascend_stand_in(env, workdir, tag, env["TORCH_INDEX_URL"])
     env["VLLM_ASCEND_IMAGE"] = stand_ins[tag]
     (project / ".env").write_text(f"HWHIAIUSER_GID=none\nVLLM_ASCEND_VERSION={tag}\nASCEND_TARGET={variant}\n")
-    with step(f"Ascend image {tag}-{variant} build"):
+    with step(f"Ascend {tag}-{variant}"):
         run("docker compose build minicpmv", env, cwd=project, timeout=2400)
     image = compose_file_config({}, dotenv=project / ".env")["services"]["minicpmv"]["image"]
     assert image == project_image(variant, tag)
