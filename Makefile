@@ -211,15 +211,15 @@ $(filter-out $(DERIVED_STAMPS),$(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP)): .venv-%/.
 	.venv-$*/bin/python scripts/torchvision_cpu_shim.py
 	@touch $@
 
-# Every generated table of the docs (the registry: src/minicpmv_ascend/tools/doc_tables.py; the
+# Every generated table of the docs (the registry: scripts/doc_tables.py; the
 # test that keeps each in sync: tests/test_doc_tables.py). The patch table needs the target venvs.
 docs: venv $(PLUGIN_TARGETS:%=venv-%)
-	$(VPY) -m minicpmv_ascend.tools.doc_tables --write --all
+	$(VPY) scripts/doc_tables.py --write --all
 
 # The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
 # docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py), alone.
 patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
-	$(VPY) -m minicpmv_ascend.tools.doc_tables --write patch-table
+	$(VPY) scripts/doc_tables.py --write patch-table
 
 # Every patch's decision on one vLLM release, failing if a predicate did not find the code it reads
 # ("layout not found"): the first step for a new vLLM release (plugin/README.md, "A new vLLM

@@ -13,13 +13,13 @@ the result as JSON; the table is rendered from those results. Every patch in
 
 The table lives between `<!-- patch-table:start -->` and `<!-- patch-table:end -->` in
 plugin/README.md and docs/deploy-ascend.md, written through the docs' one registry of generated
-parts (minicpmv_ascend.tools.doc_tables: `make patch-table`, or `make docs` for every part). Tests
-check each column against the decisions of its own venv (plugin/tests/test_register.py per target,
+parts (scripts/doc_tables.py: `make patch-table`, or `make docs` for every part). Tests
+check each column against the decisions of its own venv (plugin/tests/core/test_register.py per target,
 tests/test_plugin.py for .venv).
 
 The per-patch prose of plugin/README.md (the patch list, "Details and evidence", and the wheel
 evidence per vLLM release) is generated too, from what each patch declares (`Patch.fixes`,
-`.references`, `.tests`, `.delete_when`, `.details`, `.evidence`): `patch_list()`,
+`.upstream`, `.tests`, `.delete_when`, `.details`, `.evidence`): `patch_list()`,
 `patch_details()` and `patch_evidence(vllm)` return the Markdown between their markers, need no
 target venv, and are entries of the same registry (tests/test_doc_tables.py keeps them in sync).
 
@@ -169,8 +169,12 @@ def _patches() -> tuple[Any, ...]:
 
 
 def _files(patch: Any) -> str:
-    own = patch.check.__module__.rsplit(".", 1)[-1] + ".py"
-    return ", ".join(f"`{name}`" for name in (own, *patch.files))
+    """The patch's module and the files it names, as paths in the package (patches/api/reasoning.py)."""
+    import minicpmv_ascend_plugin as plugin  # its public API (docs/architecture.md, rule 7)
+
+    module = dict(zip((p.name for p in plugin.PATCHES), plugin.PATCH_MODULES))[patch.name]
+    folder, _, own = module.replace(".", "/").rpartition("/")
+    return ", ".join(f"`{folder}/{name}`" for name in (f"{own}.py", *patch.files))
 
 
 def patch_list() -> str:
@@ -179,7 +183,7 @@ def patch_list() -> str:
     rows = ["| patch | module | fixes | upstream | test (bug without, fix with) | delete when |",
             "|---|---|---|---|---|---|"]
     for p in _patches():
-        cells = [f"`{p.name}`", _files(p), p.fixes, p.references, p.tests, p.delete_when]
+        cells = [f"`{p.name}`", _files(p), p.fixes, p.upstream, p.tests, p.delete_when]
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -226,14 +230,14 @@ def decide_lines() -> tuple[list[str], bool]:
 
 def files() -> list[pathlib.Path]:
     """Where the patch table stands: its entry of the docs' registry."""
-    from minicpmv_ascend.tools.doc_tables import by_name
+    from doc_tables import by_name
 
     return [REPO / name for name in by_name("patch-table").files]
 
 
 def parse(text: str) -> dict[str, dict[str, str]]:
     """{column title: {patch name: cell}} of the patch table in `text`."""
-    from minicpmv_ascend.tools.doc_tables import section
+    from doc_tables import section
 
     rows = [line for line in section(text, "patch-table").splitlines() if line.startswith("| ")]
     split = [[c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]

@@ -4,7 +4,7 @@ requests, every route of vLLM 0.32's real app, the facts it relies on in vLLM 0.
 
 The live proof (the running server's /openapi.json, route by route, and path tricks over real
 HTTP) is in tests/test_security.py; the Ascend targets' real apps (vLLM 0.30 and 0.23, each in its
-own venv) in plugin/tests/test_access.py.
+own venv) in plugin/tests/server/test_target_access.py.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_no_public_route_is_an_admin_route() -> None:
 
 
 # (method, path) pairs of vLLM 0.32's app with every optional route family on, by kind (the
-# targets': plugin/tests/test_access.py).
+# targets': plugin/tests/server/test_target_access.py).
 KINDS = {"public": 4, "key": 31, "admin": 36}
 
 

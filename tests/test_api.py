@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
-from minicpmv_ascend_plugin import shm_busy_sleep
+from minicpmv_ascend_plugin.patches.lifecycle import shm_busy_sleep
 from support.images import png_url
 from support.server import http_get
 

@@ -431,7 +431,7 @@ def test_structured_output_is_compiled_by_xgrammar_with_the_whitespace_bound(cli
     """vLLM's `auto` backend picks xgrammar for these requests: the plugin's json-whitespace patch
     wraps xgrammar's compiler only, and random weights (which rank whitespace first) write runs of
     exactly its bound, never more (guidance would have let them run to max_tokens)."""
-    from minicpmv_ascend_plugin.json_whitespace import MAX_WHITESPACE
+    from minicpmv_ascend_plugin.patches.api.json_whitespace import MAX_WHITESPACE
 
     schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
               "required": ["answer"], "additionalProperties": False}

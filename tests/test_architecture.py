@@ -4,8 +4,9 @@ the rule. Every import counts, also those inside functions.
 
 The checker is also run on a few made-up modules that break each rule (test_each_rule_catches...),
 so a rule that silently stopped matching anything would show; and the doc states every rule in the
-words a failure prints (test_the_doc_states_every_rule). One test imports: the old module paths of
-the server package are aliases operators may name (test_the_old_module_paths_are_the_new_modules).
+words a failure prints (test_the_doc_states_every_rule). Module paths the code writes in strings
+(`--middleware minicpmv_ascend.server.access.AccessControl`, a registry's "module:function"), which
+no import shows, are checked against the modules and their top-level names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
-import subprocess
+import re
 import sys
 
 import pytest
@@ -24,13 +25,6 @@ PACKAGE, PLUGIN = "minicpmv_ascend", "minicpmv_ascend_plugin"
 # What vLLM loads into its API server: the access control, request guard and tool-call middleware, and
 # the media fetcher the plugin calls. The settings emit their names, so settings import them.
 SERVER = f"{PACKAGE}.server"
-# Their paths before they moved into the server package: aliases that ARE the moved modules, kept for
-# operators' own `vllm serve --middleware minicpmv_ascend.access.AccessControl` (docs/reliability.md).
-ALIASES = {f"{PACKAGE}.{name}": f"{SERVER}.{name}" for name in ("access", "request_guard", "tool_calls", "media_urls")}
-# An alias module is exactly this (after its docstring), with `python -m` forwarded where the module has a main().
-ALIAS_BODY = "import sys\n\nfrom minicpmv_ascend.server import {name}\n\nsys.modules[__name__] = {name}\n"
-ALIAS_BODY_MAIN = ("import sys\n\nfrom minicpmv_ascend.server import {name}\n\nif __name__ == '__main__':\n"
-                   "    sys.exit({name}.main())\nsys.modules[__name__] = {name}\n")
 # What runs on an Ascend host's own Python (3.7), standard library only: these and their imports.
 HOST_MODULES = {f"{PACKAGE}.probes"}
 HOST_SCRIPTS = {"healthcheck/probe.py": (3, 6), "scripts/verify_model_dir.py": (3, 6)}  # parse on 3.6 too
@@ -46,9 +40,10 @@ RULES = {
     "in_server": "the server package imports of this package only itself and common",
     "plugin": "the plugin imports this package only through minicpmv_ascend.server.media_urls",
     "public": "outside the plugin, only its public API (minicpmv_ascend_plugin.__all__)",
-    "alias": "an old module path is only an alias of its minicpmv_ascend.server module",
-    "old_paths": "the kit's own code imports the server modules by their minicpmv_ascend.server paths",
+    "strings": "a module path written in a string names a module of this repository and a name it defines",
 }
+# A module path in a string: `minicpmv_ascend.server.access.AccessControl`, `minicpmv_ascend.settings.docs:markdown_table`.
+MODULE_PATH = re.compile(rf"(?<![\w.])((?:{PLUGIN}|{PACKAGE})(?:\.\w+)+)(?::(\w+))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +101,6 @@ def allowed(imp: Import, *prefixes: str) -> bool:
     return bool(imp.names) and all(inside(f"{imp.target}.{n}", *prefixes) for n in imp.names)
 
 
-def alias_problem(module: str, source: str) -> str | None:
-    """Why an old module path is more than an alias of its server module (None: it is only that)."""
-    body = ast.parse(source).body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
-    name = ALIASES[module].rpartition(".")[2]
-    shapes = {ast.dump(ast.parse(shape.format(name=name))) for shape in (ALIAS_BODY, ALIAS_BODY_MAIN)}
-    if ast.dump(ast.Module(body=body, type_ignores=[])) not in shapes:
-        return f"{module}: holds more than `sys.modules[__name__] = {ALIASES[module]}` ({RULES['alias']})"
-    return None
-
-
 def is_stdlib(target: str) -> bool:
     return target.split(".")[0] in sys.stdlib_module_names or target == "__future__"
 
@@ -149,13 +132,7 @@ def violations(code: dict[str, str], plugin_public: set[str]) -> list[str]:
 
     for module, source in code.items():
         own_plugin_code = inside(module, PLUGIN)
-        if module in ALIASES:
-            problem = alias_problem(module, source)
-            found += [problem] if problem else []
-            continue
         for imp in imports_of(module, source):
-            before = len(found)
-            targets = [imp.target] + [f"{imp.target}.{n}" for n in imp.names]
             if inside(module, f"{PACKAGE}.common"):
                 if not is_stdlib(imp.target):
                     bad(imp, RULES["common"])
@@ -175,12 +152,41 @@ def violations(code: dict[str, str], plugin_public: set[str]) -> list[str]:
                 private = imp.target != PLUGIN or any(n not in plugin_public for n in imp.names)
                 if private:
                     bad(imp, RULES["public"])
-            if len(found) == before and any(t in ALIASES for t in targets):
-                bad(imp, RULES["old_paths"])
         if not inside(module, PLUGIN):
             for attr, line in plugin_attributes(source):
                 if attr not in plugin_public:
                     found.append(f"{module}:{line} uses {PLUGIN}.{attr} ({RULES['public']})")
+    return found
+
+
+def top_level_names(source: str) -> set[str]:
+    """What a module defines at its top level: functions, classes, assignments, imports."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def string_path_problems(code: dict[str, str], modules: dict[str, str]) -> list[str]:
+    """Module paths written in the string literals of `code` that name no module of `modules`
+    ({module: source}), or a name that module does not define at its top level."""
+    found = []
+    for module, source in code.items():
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            for match in MODULE_PATH.finditer(node.value):
+                parts, attr = match.group(1).split("."), match.group(2)
+                cut = next((i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), 0)
+                named = [*parts[cut:cut + 1], *([attr] if attr else [])]
+                if not cut or (named and named[0] not in top_level_names(modules[".".join(parts[:cut])])):
+                    found.append(f"{module}:{node.lineno} names {match.group(0)} ({RULES['strings']})")
     return found
 
 
@@ -240,6 +246,20 @@ def test_the_code_keeps_the_import_rules() -> None:
     assert violations(sources(), plugin_public_names()) == []
 
 
+def test_module_paths_in_strings_exist() -> None:
+    code = sources()
+    assert string_path_problems(code, code) == []
+
+
+def test_a_module_path_in_a_string_that_names_nothing_is_found() -> None:
+    code = sources()
+    for written in ("minicpmv_ascend.access.AccessControl", "minicpmv_ascend.tools.doc_tables:main",
+                    "minicpmv_ascend.server.access.AccessControlWithoutKey", "minicpmv_ascend_plugin._base"):
+        problems = string_path_problems({"scripts/x.py": f"HELP = 'run {written}'\n"}, code)
+        assert problems == [f"scripts/x.py:1 names {written} ({RULES['strings']})"], written
+    assert string_path_problems({"scripts/x.py": "HELP = 'minicpmv_ascend.server.access.AccessControl'\n"}, code) == []
+
+
 def test_what_runs_on_the_hosts_python_is_python_37() -> None:
     assert python37_problems(sources()) == []
 
@@ -257,47 +277,16 @@ def test_the_import_graph_has_no_cycles() -> None:
     (f"{SERVER}.tool_calls", "from minicpmv_ascend import vllm_source", "in_server"),
     (f"{SERVER}.access", "def f():\n    from minicpmv_ascend import launcher", "in_server"),
     (f"{PACKAGE}.common.http", "import yaml", "common"),
-    (f"{PACKAGE}.common.http", "from minicpmv_ascend import media_urls", "common"),
+    (f"{PACKAGE}.common.http", "from minicpmv_ascend.server import media_urls", "common"),
     (f"{PACKAGE}.probes", "from minicpmv_ascend.settings import SETTINGS", "host"),
-    (f"{PLUGIN}.file_url_400", "from minicpmv_ascend import settings", "plugin"),
-    (f"{PLUGIN}.public_media_urls", "from minicpmv_ascend import media_urls", "plugin"),
-    (f"{PLUGIN}.public_media_urls", "from minicpmv_ascend.server import media_urls, access", "plugin"),
-    (f"{PACKAGE}.access", "import sys\nfrom minicpmv_ascend.server import access\nsys.modules[__name__] = access\n"
-                          "def extra():\n    pass\n", "alias"),
-    (f"{PACKAGE}.media_urls", '"""Only a docstring: the alias is gone."""', "alias"),
-    (f"{PACKAGE}.launcher", "from minicpmv_ascend.access import AccessControl", "old_paths"),
-    ("scripts/ascend_check.py", "from minicpmv_ascend import tool_calls", "old_paths"),
-    ("scripts/ascend_check.py", "from minicpmv_ascend_plugin._base import dist_version", "public"),
+    (f"{PLUGIN}.patches.media.file_url_400", "from minicpmv_ascend import settings", "plugin"),
+    (f"{PLUGIN}.patches.media.public_media_urls", "from minicpmv_ascend.server import media_urls, access", "plugin"),
+    ("scripts/ascend_check.py", "from minicpmv_ascend_plugin.core.vllm_code import dist_version", "public"),
     ("scripts/ascend_check.py", "import minicpmv_ascend_plugin as p\np._decisions", "public"),
 ])
 def test_each_rule_catches_its_violation(module, source, rule) -> None:
     found = violations({module: source}, {"register", "report"})
     assert len(found) == 1 and RULES[rule] in found[0], found
-
-
-def test_the_old_module_paths_are_the_new_modules() -> None:
-    """`--middleware minicpmv_ascend.access.AccessControl` in an operator's own `vllm serve` resolves,
-    the way vLLM resolves it (vllm/entrypoints/serve/middleware/register.py: rsplit, import_module,
-    getattr, a class), to the moved class itself; so do the other old paths, imported first in a
-    fresh interpreter, and `python -m minicpmv_ascend.access --markdown` still prints the tables."""
-    script = """
-import importlib, inspect
-for path in ("minicpmv_ascend.access.AccessControl", "minicpmv_ascend.access.AccessControlWithAdminRoutes",
-             "minicpmv_ascend.request_guard.RequestGuard", "minicpmv_ascend.tool_calls.ToolCallGuard"):
-    module_path, name = path.rsplit(".", 1)
-    imported = getattr(importlib.import_module(module_path), name)
-    moved = getattr(importlib.import_module(module_path.replace("minicpmv_ascend.", "minicpmv_ascend.server.")), name)
-    assert inspect.isclass(imported) and imported is moved, path
-import minicpmv_ascend, minicpmv_ascend.media_urls as old, minicpmv_ascend.server.media_urls as new
-assert old is new and minicpmv_ascend.media_urls is new  # `from minicpmv_ascend import media_urls` too
-print("same")
-"""
-    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout == "same\n"
-    tables = subprocess.run([sys.executable, "-m", "minicpmv_ascend.access", "--markdown"], capture_output=True,
-                            text=True, check=True).stdout
-    assert tables.startswith("| public route |") and "| admin routes (403 unless" in tables
-    # Each alias is exactly the one-line alias (test_the_code_keeps_the_import_rules reads them) and exists.
-    assert {m for m in sources() if m in ALIASES} == set(ALIASES)
 
 
 def test_the_doc_states_every_rule() -> None:

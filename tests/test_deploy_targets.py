@@ -18,7 +18,8 @@ import sys
 import pytest
 import yaml
 
-from minicpmv_ascend.tools import doc_tables, targets
+import doc_tables
+from minicpmv_ascend.tools import targets
 from support.deploy import ASCEND_ENV, TARGETS, TARGETS_TABLE
 from support.server import REPO, clean_env
 

@@ -1,7 +1,7 @@
 """Every generated part of the docs is what its generator makes now: one test per entry of the
-registry (minicpmv_ascend.tools.doc_tables; `make docs` rewrites them), and the registry's marker
+registry (scripts/doc_tables.py; `make docs` rewrites them), and the registry's marker
 handling itself. The patch table needs the target venvs to be made: its columns are checked in each
-venv instead (tests/test_plugin_targets.py, plugin/tests/test_register.py).
+venv instead (tests/test_plugin_targets.py, plugin/tests/core/test_register.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from minicpmv_ascend.tools import doc_tables
+import doc_tables
 from support.server import REPO, clean_env
 
 MADE_HERE = [t for t in doc_tables.TABLES if not t.needs]
@@ -48,9 +48,9 @@ def test_marker_replacement_keeps_the_markers_and_the_text_around_them() -> None
 
 
 def test_doc_tables_check_passes_and_names_no_file() -> None:
-    """`python -m minicpmv_ascend.tools.doc_tables --check` (what `make docs` writes) finds nothing
+    """`python scripts/doc_tables.py --check` (what `make docs` writes) finds nothing
     to change, from a plain process outside pytest (its own path to tests/support)."""
-    proc = subprocess.run([sys.executable, "-m", "minicpmv_ascend.tools.doc_tables", "--check"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "scripts/doc_tables.py", "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("up to date: ") and "bad-requests" in proc.stdout, proc.stdout

@@ -278,7 +278,7 @@ def test_what_the_commands_name_exists(name: str) -> None:
 
 def test_each_generated_table_of_the_front_door_lives_in_one_page() -> None:
     """The settings and API feature tables each live in exactly one page (the registry's)."""
-    from minicpmv_ascend.tools import doc_tables
+    import doc_tables
 
     for table in ("settings-table", "features-table"):
         files = doc_tables.by_name(table).files

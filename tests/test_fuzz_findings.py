@@ -229,7 +229,9 @@ def test_responses_assistant_content_bug_without_and_fix_with_the_plugin(scenari
 def test_plugin_predicates_read_vllm_032():
     out = run_python(textwrap.dedent("""
         import json
-        from minicpmv_ascend_plugin import content_part_400, request_type_400, responses_assistant_content
+        from minicpmv_ascend_plugin.patches.api import content_part_400
+        from minicpmv_ascend_plugin.patches.api import request_type_400
+        from minicpmv_ascend_plugin.patches.api import responses_assistant_content
         print("RESULT " + json.dumps([p.check(None) for p in (request_type_400, content_part_400, responses_assistant_content)]))
     """))
     assert out == [None, None, None]  # the three bugs are in vLLM 0.32's source

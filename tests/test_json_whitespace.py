@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from minicpmv_ascend_plugin import json_whitespace
+from minicpmv_ascend_plugin.patches.api import json_whitespace
 
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Beijing"]}},
               "required": ["city"]}

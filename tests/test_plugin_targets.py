@@ -8,7 +8,7 @@ with the server tests prove the plugin there (issue 24, option b: no third targe
 tests keep the locks, the Makefile and the generated "patch x vLLM" table (plugin/README.md,
 docs/deploy-ascend.md) in line with the targets table, and check the table's CPU-stack column
 against this venv's own plugin decisions (each other target's column is checked in its own venv
-by plugin/tests/test_register.py).
+by plugin/tests/core/test_register.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import sys
 import pytest
 import yaml
 
+import doc_tables
 import patch_table
-from minicpmv_ascend.tools import doc_tables, targets
+from minicpmv_ascend.tools import targets
 from support.cpu import CPU_RUNS_THE_CONV_KERNEL
 from support.server import REPO, clean_env
 
@@ -100,7 +101,7 @@ def test_patch_table_cpu_column_is_this_vllms_decisions():
     assert result["platform"] == "cpu"
     assert not [p for p in result["patches"] if "predicate failed" in p["reason"]], result
     # The CPU-dependent row: what this CPU decides is one of the two the column states.
-    from minicpmv_ascend_plugin.gdn_one_token_prefill import NO_KERNEL_HERE
+    from minicpmv_ascend_plugin.patches.model.gdn_one_token_prefill import NO_KERNEL_HERE
 
     gdn = next(p for p in result["patches"] if p["name"] == "gdn-one-token-prefill")
     if CPU_RUNS_THE_CONV_KERNEL:
@@ -116,7 +117,7 @@ def test_patch_table_cpu_column_is_this_vllms_decisions():
 def test_reasoning_server_cases_are_vllm_032_minicpmv(tiny_config):
     """plugin/tests/reasoning_server_cases.json holds what vLLM 0.32's chat server gets from its own
     `--reasoning-parser minicpmv` (the parser object it builds, with the prompt ids); each target's
-    registered `minicpmv` is held to it in plugin/tests/test_register.py."""
+    registered `minicpmv` is held to it in plugin/tests/core/test_register.py."""
     from transformers import AutoTokenizer
 
     import reasoning_harness

@@ -27,7 +27,7 @@ from minicpmv_ascend.settings import (
     vllm_check,
 )
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, cpu_env_defaults
-from minicpmv_ascend_plugin import shm_busy_sleep
+from minicpmv_ascend_plugin.patches.lifecycle import shm_busy_sleep
 from support.launcher import SECRET, copy_checkpoint, edit_config
 
 CPU = "cpu"

@@ -4,7 +4,7 @@ The random-weight model never writes a tool call by itself, so the server cannot
 parsing; this does, with the parser vLLM's server composes from the launcher's defaults (the
 `minicpmv` reasoning parser and the `qwen3_coder` tool parser) and with `qwen3`, the reasoning
 parser of vLLM builds without `minicpmv`. The same cases run on each Ascend target's code (vLLM
-0.30 and 0.23, in their venvs) in plugin/tests/test_tool_parsing.py. Forced calls (`required`, a
+0.30 and 0.23, in their venvs) in plugin/tests/server/test_target_tool_parsing.py. Forced calls (`required`, a
 named function) run against the real server in tests/test_applications.py.
 """
 

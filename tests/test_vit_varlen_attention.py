@@ -2,7 +2,7 @@
 pads and masks sliced images): plugin/tests/vit_varlen_check.py run in a process of its own, for
 MiniCPM-V 4.6 and for 4.7, whose model class inherits `get_vision_hidden_states` (so the patch,
 wrapping 4.6's method, covers it). The same checks run on each Ascend target's vLLM in
-plugin/tests/test_vit_varlen_attention.py; end to end, tests/test_parity.py runs with the patch on.
+plugin/tests/patches/model/test_target_vit_varlen_attention.py; end to end, tests/test_parity.py runs with the patch on.
 """
 
 from __future__ import annotations

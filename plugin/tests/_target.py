@@ -38,7 +38,7 @@ IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 PROCESSING_PATCHES = ("processor-version", "image-size-order", "max-slice-nums")
 # The API-server patches both targets need (each shown on the target's own server loop, media
 # loader, request models and chat/Responses parsers in test_server_patches.py and
-# test_fuzz_findings.py).
+# patches/api/test_target_fuzz_findings.py).
 SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", "data-url-400", "image-bomb-400",
                   "image-shape-400", "shutdown-drain-503", "request-type-400", "content-part-400", "responses-assistant-content",
                   "public-media-urls")
@@ -161,12 +161,13 @@ class VllmCode:
     def apply(self, *names: str, **options: Any) -> None:
         """Apply the named model backports (after restoring vLLM's originals)."""
         import minicpmv_ascend_plugin as plugin
+        from minicpmv_ascend_plugin.patches.model import image_size_order
 
         self.restore()
         by_name = {p.name: p for p in plugin.PATCHES}
         for name in names:
             if name == "image-size-order" and "plan" in options:
-                plugin.image_size_order.apply_plan(self.module, options["plan"])
+                image_size_order.apply_plan(self.module, options["plan"])
             else:
                 by_name[name].apply(self.module)
 

@@ -9,7 +9,7 @@ go through Starlette's TestClient without the app's lifespan: no engine exists, 
 runs fails on the missing engine (500) or on the empty body (4xx): "served", as opposed to 401 or
 the access control's 403.
 
-Used by tests/test_access.py (vLLM 0.32, .venv) and plugin/tests/test_access.py (each Ascend
+Used by tests/test_access.py (vLLM 0.32, .venv) and plugin/tests/server/test_target_access.py (each Ascend
 target's vLLM: .venv-vllm030, .venv-vllm023, whose locks carry FastAPI, Starlette and httpx).
 """
 

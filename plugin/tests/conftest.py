@@ -77,7 +77,7 @@ def minicpmv_parser(target: Target):
     target's own registry."""
     from vllm.reasoning import ReasoningParserManager
 
-    from minicpmv_ascend_plugin import reasoning
+    from minicpmv_ascend_plugin.patches.api import reasoning
 
     registered = "minicpmv" in ReasoningParserManager.list_registered()
     assert registered != target.needs("reasoning-parser")

@@ -8,7 +8,7 @@ reads), parsed by the very parser vLLM's server composes from `--reasoning-parse
 `reasoning`, the reasoning never leaks into the arguments, arguments are typed by the tool's schema,
 and streaming assembles to the same answer.
 
-Used by tests/test_tool_parsing.py (vLLM 0.32, .venv) and plugin/tests/test_tool_parsing.py (each
+Used by tests/test_tool_parsing.py (vLLM 0.32, .venv) and plugin/tests/server/test_target_tool_parsing.py (each
 Ascend target's vLLM: .venv-vllm030, .venv-vllm023).
 """
 

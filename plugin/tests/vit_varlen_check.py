@@ -1,6 +1,6 @@
 """The `vit-varlen-attention` patch checked on one vLLM's own code at MiniCPM-V 4.6's real attention
 shape (hidden 1152, 16 heads, head_dim 72; intermediate 4304) with a few layers: used in-process by
-plugin/tests/test_vit_varlen_attention.py on each Ascend target's vLLM, and run as a script
+plugin/tests/patches/model/test_target_vit_varlen_attention.py on each Ascend target's vLLM, and run as a script
 (`python plugin/tests/vit_varlen_check.py CHECKPOINT`, one `RESULT {json}` line) by
 tests/test_vit_varlen_attention.py on the CPU stack's vLLM 0.32.
 
@@ -149,7 +149,7 @@ def run(module: Any, model_config: Any, checkpoint: pathlib.Path, cls: Any = Non
     import torch
     from transformers import AutoProcessor
 
-    from minicpmv_ascend_plugin import vit_varlen_attention
+    from minicpmv_ascend_plugin.patches.model import vit_varlen_attention
 
     model_cls = module.MiniCPMV4_6ForConditionalGeneration
     original = model_cls.__dict__["get_vision_hidden_states"]
@@ -247,7 +247,7 @@ def bench(module: Any, model_config: Any, checkpoint: pathlib.Path, sizes: list[
     import torch
     from transformers import AutoProcessor
 
-    from minicpmv_ascend_plugin import vit_varlen_attention
+    from minicpmv_ascend_plugin.patches.model import vit_varlen_attention
 
     if threads:
         torch.set_num_threads(threads)

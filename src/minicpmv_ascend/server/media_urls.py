@@ -35,7 +35,7 @@ Refusals raise `MediaURLRefused` (a ValueError: vLLM answers 400). They never sa
 name resolved to, nor distinguish "private" from "does not resolve": a client must not learn the
 server's internal DNS from error messages.
 
-No vLLM import here: the plugin (`minicpmv_ascend_plugin.public_media_urls`) hooks this into vLLM's
+No vLLM import here: the plugin (`minicpmv_ascend_plugin.patches.media.public_media_urls`) hooks this into vLLM's
 media connector; the launcher only passes the setting on.
 """
 

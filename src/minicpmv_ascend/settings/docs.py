@@ -1,6 +1,6 @@
 """The configuration reference: the Markdown table docs/configuration.md embeds
 (`python -m minicpmv_ascend.settings --markdown`; tests/test_doc_tables.py keeps it in sync, through
-the registry in minicpmv_ascend.tools.doc_tables).
+the registry in scripts/doc_tables.py).
 """
 
 from __future__ import annotations

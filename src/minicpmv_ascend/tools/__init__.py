@@ -6,5 +6,4 @@ itself (the runtime imports nothing from here; tests/test_architecture.py checks
     fuzz, fuzz_hooks                `make fuzz` / minicpmv-fuzz: schemathesis from the server's /openapi.json
     lifecycle                       start a server, wait until it is ready, stop it (the tests use it too)
     features, targets               the API feature table and the Ascend targets table, rendered for the docs
-    doc_tables                      `make docs`: every generated table of the docs, one registry, one writer
 """

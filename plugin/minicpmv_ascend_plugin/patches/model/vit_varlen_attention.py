@@ -1,0 +1,215 @@
+"""Ascend performance: MiniCPM-V 4.6's vision attention over packed slices, so the platform's fused kernel runs."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from types import ModuleType
+from typing import Any
+
+from ...core.patch import AT_MODEL_IMPORT, LayoutNotFound, Patch
+from ...core.wrap import wrap_once
+
+NAME = "vit-varlen-attention"
+
+# Idefics2EncoderLayer.forward's statements (0.23, 0.30, 0.32) as `ast.unparse` writes them;
+# `encoder_layer` below does the same with the attention made varlen.
+LAYER_STATEMENTS = (
+    "residual = hidden_states",
+    "hidden_states = self.layer_norm1(hidden_states)",
+    "hidden_states = self.self_attn(hidden_states, attention_mask=attention_mask)",
+    "hidden_states += residual",
+    "residual = hidden_states",
+    "hidden_states = self.layer_norm2(hidden_states)",
+    "hidden_states = self.mlp(hidden_states)",
+    "hidden_states += residual",
+    "return hidden_states",
+)
+
+
+def body_statements(function: Any) -> tuple[str, ...]:
+    """A function's body statements as `ast.unparse` writes them (docstring dropped; `x = y + x`
+    and `x = x + y` written `x += y`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    statements = []
+    for node in body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)):
+            name = node.targets[0].id
+            sides = [node.value.left, node.value.right]
+            same = [isinstance(side, ast.Name) and side.id == name for side in sides]
+            if any(same):
+                node = ast.AugAssign(target=node.targets[0], op=ast.Add(), value=sides[same.index(True) ^ 1])
+        statements.append(ast.unparse(node))
+    return tuple(statements)
+
+
+def seqlens(lengths: Any) -> tuple[Any, Any]:
+    """(cu_seqlens, max_seqlen) for packed sequences of `lengths`, as vLLM's varlen vision
+    encoders build them (siglip2navit.py): int32 cumulative lengths with a leading 0, on the
+    lengths' device, and the longest length as a tensor."""
+    import torch
+    import torch.nn.functional as F
+
+    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    return cu_seqlens, (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+
+
+def attention(self_attn: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: Any) -> Any:
+    """`Idefics2VisionAttention.forward` on a packed `(tokens, hidden)` sequence: its own
+    projections, attention through its own `MMEncoderAttention` with `cu_seqlens`."""
+    qkv, _ = self_attn.qkv_proj(hidden_states)
+    query, key, value = qkv.chunk(3, dim=-1)
+    out = self_attn.attn(query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0),
+                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    out, _ = self_attn.out_proj(out.reshape(hidden_states.shape[0], -1))
+    return out
+
+
+def encoder_layer(layer: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: Any) -> Any:
+    """`Idefics2EncoderLayer.forward` (LAYER_STATEMENTS) with the attention varlen."""
+    residual = hidden_states
+    hidden_states = layer.layer_norm1(hidden_states)
+    hidden_states = attention(layer.self_attn, hidden_states, cu_seqlens, max_seqlen)
+    hidden_states += residual
+    residual = hidden_states
+    hidden_states = layer.layer_norm2(hidden_states)
+    hidden_states = layer.mlp(hidden_states)
+    hidden_states += residual
+    return hidden_states
+
+
+def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None = None) -> list[Any]:
+    """vLLM's `get_vision_hidden_states` (same embeddings, layers, merger placement, results) with
+    the encoder layers run over the packed valid patches of each slice."""
+    import torch
+
+    pixel_values = data["pixel_values"]
+    tgt_sizes = data["tgt_sizes"]
+    batch = len(pixel_values)
+    patch = pixel_values[0].shape[-2]
+    longest = max(item.shape[-1] for item in pixel_values)
+    device = pixel_values[0].device
+    dtype = self.vpm.embeddings.patch_embedding.weight.dtype
+    # The embeddings exactly as vLLM computes them: slices padded to the longest, one conv.
+    all_pixel_values = torch.zeros(batch, 3, patch, longest, dtype=dtype, device=device)
+    for i, pv in enumerate(pixel_values):
+        all_pixel_values[i, ..., :pv.shape[-1]] = pv.to(dtype)
+    num_patches = tgt_sizes.prod(-1)
+    max_patches = int(num_patches.max().item())
+    patch_attn_mask = torch.arange(max_patches, device=device)[None, :] < num_patches.to(device)[:, None]
+    embedded = self.vpm.embeddings(all_pixel_values, patch_attention_mask=patch_attn_mask.unsqueeze(1),
+                                   tgt_sizes=tgt_sizes)
+    hidden_states = embedded[patch_attn_mask]  # (sum of num_patches, hidden), slice after slice
+    lengths = [int(n) for n in num_patches.tolist()]
+    cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+
+    insert_layer_id = getattr(self.config, "insert_layer_id", -1)
+    if downsample_mode is None:
+        downsample_mode = getattr(self.config, "downsample_mode", "16x")
+    use_vit_merger = downsample_mode != "4x" and insert_layer_id >= 0
+
+    for layer in self.vpm.encoder.layers[:insert_layer_id + 1]:
+        hidden_states = encoder_layer(layer, hidden_states, cu_seqlens, max_seqlen)
+    if use_vit_merger:
+        merged, sizes = [], []
+        for b, part in enumerate(hidden_states.split(lengths)):
+            out, size, _ = self.vit_merger(part.unsqueeze(0), tgt_sizes[b:b + 1], None)
+            merged.append(out[0])
+            sizes.append(size)
+        hidden_states = torch.cat(merged)
+        tgt_sizes = torch.cat(sizes)
+        lengths = [int(n) for n in tgt_sizes.prod(-1).tolist()]
+        cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+    for layer in self.vpm.encoder.layers[insert_layer_id + 1:]:
+        hidden_states = encoder_layer(layer, hidden_states, cu_seqlens, max_seqlen)
+
+    hidden_states = self.vpm.post_layernorm(hidden_states)
+    return [self.merger(part.unsqueeze(0), tgt_sizes[b:b + 1])[0]
+            for b, part in enumerate(hidden_states.split(lengths))]
+
+
+def check(module: ModuleType) -> str | None:
+    from vllm.model_executor.models import idefics2_vision_model as idefics2
+
+    own = inspect.getsource(module.MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states)
+    if "cu_seqlens" in own:
+        return "vLLM's get_vision_hidden_states already runs the encoder over cu_seqlens (varlen)"
+    if "attention_mask" not in own:
+        raise LayoutNotFound("vLLM's get_vision_hidden_states builds no padded attention mask (nor runs varlen)")
+    if "scaled_dot_product_attention" not in inspect.getsource(idefics2.Idefics2VisionAttention.forward):
+        raise LayoutNotFound("vLLM's Idefics2VisionAttention has no masked SDPA path")
+    parameters = inspect.signature(idefics2.MMEncoderAttention.forward_native).parameters
+    if not {"cu_seqlens", "max_seqlen"} <= set(parameters):
+        raise LayoutNotFound("vLLM's MMEncoderAttention takes no cu_seqlens/max_seqlen")
+    statements = body_statements(idefics2.Idefics2EncoderLayer.forward)
+    if statements != LAYER_STATEMENTS:
+        raise LayoutNotFound("vLLM's Idefics2EncoderLayer.forward is not the pre-norm residual "
+                             f"sequence this patch mirrors ({'; '.join(statements)})")
+    return None
+
+
+def apply(module: ModuleType) -> None:
+    wrap_once(module.MiniCPMV4_6ForConditionalGeneration, "get_vision_hidden_states",
+              lambda original: lambda self, data, downsample_mode=None: get_vision_hidden_states(
+                  self, data, downsample_mode))
+
+
+
+PATCH = Patch(
+    name=NAME,
+    stage=AT_MODEL_IMPORT,
+    summary="MiniCPM-V 4.6's vision encoder over packed slices (cu_seqlens) through vLLM's "
+    "MMEncoderAttention instead of padded masked SDPA (vllm-ascend's fused encoder attention runs)",
+    upstream="none (vLLM 0.23 - 0.32 pad and mask; transformers' 4.6 vision model is varlen); "
+    "vllm-ascend AscendMMEncoderAttention (#8671, #10549, #12084)",
+    check=check,
+    apply=apply,
+    fixes=('not a bug but the path: sliced images (source and grid slices differ in patch count) and mixed encoder batches '
+     "are padded and masked, and `Idefics2VisionAttention` then runs torch's SDPA instead of vLLM's "
+     "`MMEncoderAttention`, so vllm-ascend's fused encoder attention (`AscendMMEncoderAttention`) never runs for "
+     "them. The patch runs 4.6's (and 0.32's 4.7's) encoder over the packed slices with `cu_seqlens` through "
+     '`MMEncoderAttention`'),
+    tests=('`plugin/tests/patches/model/test_target_vit_varlen_attention.py` (each target), `tests/test_vit_varlen_attention.py` (0.32, 4.6 and '
+     "4.7): the stand-in platform attention never called without, called per layer with the slices' `cu_seqlens` "
+     "with; within the masked path's bf16 noise floor; equal to transformers in fp32"),
+    delete_when=("vLLM's MiniCPM-V 4.6 / Idefics2 encoder runs sliced batches varlen (`cu_seqlens`) itself, as transformers' "
+     'does'),
+    details=f"""
+wraps `MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states`
+(4.7 on 0.32 inherits it, so the wrapper covers it; `Idefics2VisionAttention`, shared with
+Idefics3, SmolVLM and MiniCPM-V 2.x-4.5, is untouched). The embeddings are computed as vLLM does
+(slices padded to the longest, one conv), then the valid patches of each slice are packed into
+one `(tokens, 1152)` sequence; each encoder layer runs its own layer norms, `qkv_proj`,
+`out_proj` and MLP, with attention through its own `MMEncoderAttention` given `cu_seqlens` (int32,
+leading 0, on the device) and `max_seqlen` as vLLM's varlen encoders build them
+(`siglip2navit.py`); the `vit_merger` (16x) and the `merger` are vLLM's modules called per slice
+(they read only each slice's valid rows of the padded batch), and `cu_seqlens` is rebuilt after
+the `vit_merger`. vllm-ascend's `AscendMMEncoderAttention.forward_oot` takes exactly this: a
+`(1, tokens, heads x 72)` query and `cu_seqlens` (moved to the host), TND layout,
+`npu_fused_infer_attention_score`, head_dim 72 padded to 128 (vllm-ascend main of 2026-08-22).
+Equality (`vit_varlen_check.py`, real attention shape, 2 layers, a 1260x480 image cut into 3
+slices of 192/240/240 patches at 224-px slicing, 16x and 4x): the varlen bf16 output differs from
+the masked bf16 output by at most 0.0078 where masked bf16 vs masked fp32 differs by 0.0101-0.0102
+(max abs, outputs up to ~1.4); in fp32 varlen, masked and transformers agree to ~1e-6 (at the
+released 448-px slicing, 1084x820 in slices of 1008/960/960: 0.0078 against 0.0096).
+Predicate (read from the installed code): `get_vision_hidden_states` mentions `attention_mask`
+and not `cu_seqlens`, `Idefics2VisionAttention.forward` has its `scaled_dot_product_attention` path,
+`MMEncoderAttention.forward_native` takes `cu_seqlens` and `max_seqlen`, and
+`Idefics2EncoderLayer.forward`'s statements (by `ast`) are the pre-norm residual sequence the
+patch mirrors; a changed layer is "layout not found" (unapplied, a warning). Not handled: vLLM's
+FlashInfer encoder backend (CUDA only), which wants padded `cu_seqlens` and `sequence_lengths`
+(`MMEncoderAttention.maybe_recompute_cu_seqlens`); the CPU runs `_forward_sdpa`, which loops over
+the slices. Switch it off alone with `MINICPMV_ASCEND_PLUGIN=off:{NAME}`.
+""",
+    evidence={"0.30.0": ('applied', ('`minicpmv4_6.py:1137`: `get_vision_hidden_states` builds an additive float mask whenever a '
+                         "slice is shorter than the batch's longest (`if torch.any(~patch_attn_mask)`), and the "
+                         '`vit_merger` rebuilds it (:850); `idefics2_vision_model.py:218-235`: '
+                         '`Idefics2VisionAttention.forward` calls `MMEncoderAttention` only when `attention_mask is '
+                         'None`, else `F.scaled_dot_product_attention` on padded tensors (0.23: '
+                         '`minicpmv4_6.py:1076`, `idefics2_vision_model.py:185-202`; 0.32: `:1346`, `:217-234`)'))},
+)

@@ -1,0 +1,128 @@
+"""`vit-varlen-attention` on the target's own vLLM code: MiniCPM-V 4.6's sliced images reach vLLM's
+`MMEncoderAttention` with `cu_seqlens` (so a platform's implementation, vllm-ascend's fused one,
+runs) instead of the padded masked SDPA, with the same numbers.
+
+- at the real attention shape (hidden 1152, 16 heads), 16x and 4x: vit_varlen_check.py (the
+  noise-floor bound, transformers' 4.6 vision forward, a stand-in for a platform's
+  `MMEncoderAttention` recording `cu_seqlens`);
+- on the tiny checkpoint, requests processed by the target's own processor and encoded in one
+  batch as the model runner does (a sliced 16x image, a 4x image, a 4x and a 16x video): composed
+  with `vit-merger-flags`, equal to the masked path.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import vit_varlen_check as check
+from _target import IMAGE_PAD, VIDEO_PAD, placeholder_lengths, run_python
+
+NAME = "vit-varlen-attention"
+
+
+def image(width: int, height: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)
+
+
+def test_predicate_reads_the_targets_code(vllm_code, target):
+    """The predicate, reading the target's module, says what the target needs; the encoder layer it
+    mirrors is the target's (a changed layer would leave the patch unapplied, with the reason)."""
+    from vllm.model_executor.models.idefics2_vision_model import Idefics2EncoderLayer
+
+    import minicpmv_ascend_plugin as plugin
+    from minicpmv_ascend_plugin.patches.model import vit_varlen_attention
+
+    patch = next(p for p in plugin.PATCHES if p.name == NAME)
+    assert (patch.check(vllm_code.module) is None) == target.needs(NAME)
+    assert vit_varlen_attention.body_statements(Idefics2EncoderLayer.forward) == vit_varlen_attention.LAYER_STATEMENTS
+
+
+SWITCH_PROBE = textwrap.dedent("""
+    import json
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    import vllm.model_executor.models.minicpmv4_6 as m
+    import minicpmv_ascend_plugin as plugin
+    print("RESULT " + json.dumps({
+        "decisions": {k: [v.status, v.reason] for k, v in plugin.decisions().items()},
+        "wrapped": hasattr(m.MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states, "__wrapped__")}))
+""")
+
+
+def test_switch_turns_only_this_patch_off(target, monkeypatch):
+    """`MINICPMV_ASCEND_PLUGIN=off:vit-varlen-attention`, loaded by the target's vLLM: this patch
+    skipped (vLLM's own method in place), every other decision as usual; a name that is no patch
+    stops vLLM's plugin loading with the list of names."""
+    import minicpmv_ascend_plugin as plugin
+    from minicpmv_ascend_plugin.core import registry
+
+    proc = run_python(SWITCH_PROBE, env={"MINICPMV_ASCEND_PLUGIN": f"off:{NAME}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT ")).removeprefix("RESULT "))
+    assert out["decisions"][NAME] == ["skipped", f"switched off by MINICPMV_ASCEND_PLUGIN=off:{NAME}"]
+    assert not out["wrapped"]
+    applied = {name for name, (status, _) in out["decisions"].items() if status == "applied"}
+    assert applied == {p.name for p in plugin.PATCHES if target.needs(p.name)} - {NAME}
+    monkeypatch.setenv("MINICPMV_ASCEND_PLUGIN", "off:vit-varlen-atention")
+    assert plugin.switched_off() == {"vit-varlen-atention"} and not plugin.disabled()
+    registered = registry._registered
+    registry._registered = False
+    try:
+        with pytest.raises(RuntimeError, match="names no patch of this plugin: vit-varlen-atention; the patches are"):
+            plugin.register()
+    finally:
+        registry._registered = registered
+
+
+def test_real_head_dim_within_the_noise_floor_and_equal_to_transformers(vllm_code, target, checkpoint):
+    """A 1260x480 image's 3 slices (192, 240, 240 patches) at hidden 1152 / 16 heads, 2 layers:
+    without the patch the stand-in platform attention is never called (masked SDPA); with it, it
+    is called per layer with the slices' cu_seqlens, within the bf16 noise floor of the masked path,
+    and equal to transformers in fp32."""
+    vllm_code.restore()
+    result = check.run(vllm_code.module, vllm_code.model_config, checkpoint)
+    check.verify(result)
+
+
+def test_processed_requests_compose_with_vit_merger_flags(vllm_code, target):
+    """One encoder batch of real processed requests, as the plugin patches the target: the varlen
+    path gives the masked path's embeddings (fp32), in each item's own 4x/16x mode, and the
+    stand-in attention sees each group's slices packed."""
+    fixes = (*target.processing_fixes(), "vit-merger-flags")
+    vllm_code.apply(*fixes)
+    video = np.random.default_rng(0).integers(0, 256, (2, 300, 500, 3), dtype=np.uint8)
+    requests = [
+        ("image", vllm_code.process(IMAGE_PAD, images=[image(1084, 820, seed=1)], downsample_mode="16x")),
+        ("image", vllm_code.process(IMAGE_PAD, images=[image(500, 700, seed=2)], downsample_mode="4x")),
+        ("video", vllm_code.process(VIDEO_PAD, videos=[video], downsample_mode="4x")),
+        ("video", vllm_code.process(VIDEO_PAD, videos=[video])),
+    ]
+    slots = [n for modality, out in requests for n in placeholder_lengths(out, modality)]
+    model = vllm_code.model()
+    calls: list = []
+    restore = check.stand_in(model, calls)
+    try:
+        masked = vllm_code.embed(requests)
+        masked_calls = list(calls)
+        vllm_code.apply(*fixes, NAME)
+        calls.clear()
+        varlen = vllm_code.embed(requests)
+    finally:
+        restore()
+    assert [e.shape[0] for e in masked] == [e.shape[0] for e in varlen] == slots
+    for a, b in zip(varlen, masked):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # Masked path: the sliced images never reach MMEncoderAttention; uniform video frames do,
+    # without cu_seqlens. Varlen: every layer of every group gets cu_seqlens.
+    assert all(c is None for c in masked_calls)
+    assert calls and all(c is not None for c in calls)
+    layers = len(model.vpm.encoder.layers)
+    groups = len(calls) // layers
+    assert len(calls) == groups * layers and groups == 4  # image 16x, image 4x, video 4x, video 16x
+    assert sum(sum(c) for c in calls[:layers]) > 0

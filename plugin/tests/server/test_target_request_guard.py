@@ -1,0 +1,51 @@
+"""The kit's request guard (minicpmv_ascend.server.request_guard, the launcher's `--middleware`; not a
+plugin patch) on the target's own code: the bug is there (the engine client's msgpack encoder
+cannot encode a lone surrogate: the 500 of issue 21), and the target's app, built with the
+middleware by its own frontend parser, answers such a body 400 naming the field, streamed or not,
+while an escaped surrogate pair gets past the guard to the handler.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from _target import REPO, run_python
+
+HARNESS = REPO / "plugin" / "tests" / "access_harness.py"
+CODE = f"""
+import json, logging, pathlib, sys, tempfile
+sys.path.insert(0, {str(HARNESS.parent)!r})
+logging.disable(logging.ERROR)
+out = {{}}
+from vllm.sampling_params import SamplingParams
+from vllm.v1.serial_utils import MsgpackEncoder
+try:
+    MsgpackEncoder().encode(SamplingParams(stop=["\\ud800"]))
+    out["encode"] = "encoded"
+except Exception as error:
+    out["encode"] = type(error).__name__
+from starlette.testclient import TestClient
+from access_harness import build
+app = build("minicpmv_ascend.server.request_guard.RequestGuard", pathlib.Path(tempfile.mkdtemp()))
+client = TestClient(app, raise_server_exceptions=False)
+for name, text, stream in (("lone", "\\ud800", False), ("lone-stream", "\\ud800", True), ("pair", "\\ud83d\\ude00", False)):
+    body = {{"model": "m", "messages": [{{"role": "user", "content": "Hi"}}], "stop": [text], "stream": stream}}
+    answer = client.post("/v1/chat/completions", content=json.dumps(body).encode("ascii"),
+                         headers={{"Content-Type": "application/json"}})
+    out[name] = [answer.status_code, answer.text[:400]]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_lone_surrogates_are_refused_by_the_guard_on_the_targets_app(target):
+    proc = run_python(CODE, env={"PYTHONPATH": str(HARNESS.parents[2] / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert out["encode"] == "UnicodeEncodeError", out  # the bug: what the engine client raises (500)
+    for name in ("lone", "lone-stream"):
+        status, text = out[name]
+        assert status == 400 and json.loads(text)["error"]["param"] == "stop[0]", (name, status, text)
+    # A pair is text: past the guard, the handler runs (and fails here only for the missing engine).
+    assert out["pair"][0] != 400 or "surrogate" not in out["pair"][1], out["pair"]
+    print(f"\nvLLM {target.vllm}: {out}", file=sys.stderr)
