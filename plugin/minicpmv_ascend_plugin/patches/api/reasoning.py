@@ -28,7 +28,6 @@ def apply(_: Any) -> None:
         PARSER, f"{__package__}.reasoning_parser", "MiniCPMVThinkingReasoningParser")
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -92,7 +92,6 @@ def apply(_: Any) -> None:
     when_imported(INVOCATIONS_ROUTER, _guard_invocations)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

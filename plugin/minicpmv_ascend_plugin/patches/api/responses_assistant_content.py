@@ -47,7 +47,6 @@ def apply(_: Any) -> None:
     wrap_when_imported(UTILS, FUNCTION, _construct)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

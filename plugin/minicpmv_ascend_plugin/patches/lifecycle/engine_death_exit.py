@@ -87,7 +87,6 @@ def apply(_: Any) -> None:
     wrap_when_imported(ENGINE_CLIENT_MODULE, "AsyncLLM.shutdown", _shutdown)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

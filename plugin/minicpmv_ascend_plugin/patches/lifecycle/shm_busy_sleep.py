@@ -63,7 +63,6 @@ def apply(_: Any) -> None:
         wrap_when_imported((SHM_BROADCAST,), "SpinCondition.wait", _wait(nap_s))
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -37,7 +37,6 @@ def apply(_: Any) -> None:
     wrap_when_imported("uvicorn.config", "Config.__init__", _init)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -157,7 +157,6 @@ def apply(_: Any) -> None:
     wrap_when_imported("uvicorn.config", "Config.load", _load)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

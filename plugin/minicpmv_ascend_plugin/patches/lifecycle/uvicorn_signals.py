@@ -42,7 +42,6 @@ def apply(_: Any) -> None:
         when_imported(name, disable)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -130,7 +130,6 @@ def apply(_: Any) -> None:
     wrap_once(MediaConnector, "load_from_url_async", _load_async)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

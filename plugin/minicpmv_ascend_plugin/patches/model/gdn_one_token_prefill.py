@@ -111,7 +111,6 @@ def apply(_: Any) -> None:
     wrap_once(ops, "causal_conv1d_fwd_cpu", _causal_conv1d_fwd_cpu)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

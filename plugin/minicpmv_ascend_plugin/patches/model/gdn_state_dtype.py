@@ -38,7 +38,6 @@ def apply(_: Any) -> None:
     config_hook.add(NAME, hook)
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_REGISTER,

@@ -132,7 +132,6 @@ def apply_plan(module: ModuleType, p: Plan) -> None:
     info_cls._compute_visual_tokens = _compute_visual_tokens
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,

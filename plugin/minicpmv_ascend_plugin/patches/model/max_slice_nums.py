@@ -58,7 +58,6 @@ def apply(module: ModuleType) -> None:
     info_cls.get_slice_image_placeholder = get_slice_image_placeholder
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,

@@ -36,7 +36,6 @@ def apply(module: ModuleType) -> None:
     module.MiniCPMV4_6ProcessingInfo.get_hf_processor = get_hf_processor
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,

@@ -112,7 +112,6 @@ def apply(module: ModuleType) -> None:
     model_cls._process_vision_input = _process_vision_input
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,

@@ -159,7 +159,6 @@ def apply(module: ModuleType) -> None:
                   self, data, downsample_mode))
 
 
-
 PATCH = Patch(
     name=NAME,
     stage=AT_MODEL_IMPORT,
