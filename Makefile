@@ -213,8 +213,10 @@ $(filter-out $(DERIVED_STAMPS),$(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP)): .venv-%/.
 
 # Every generated table of the docs (the registry: src/minicpmv_ascend/tools/doc_tables.py; the
 # test that keeps each in sync: tests/test_doc_tables.py). The patch table needs the target venvs.
+# Also the Kubernetes PrometheusRule made from deploy/observability/rules.yaml (tests/test_observability.py).
 docs: venv $(PLUGIN_TARGETS:%=venv-%)
 	$(VPY) -m minicpmv_ascend.tools.doc_tables --write --all
+	$(VPY) -m minicpmv_ascend.tools.observability --write
 
 # The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
 # docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py), alone.

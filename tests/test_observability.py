@@ -2,7 +2,8 @@
 and the scrape config and runs the rules' unit tests (every alert with series that fire it and
 series that do not); the rules and the dashboard read only the metrics of the metric table, whose
 claims per vLLM release are checked here for the CPU stack's 0.32 and in
-plugin/tests/test_observability_names.py for each Ascend target.
+plugin/tests/test_observability_names.py for each Ascend target; the Kubernetes PrometheusRule is
+rules.yaml's groups, scraped as the job the rules select.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from minicpmv_ascend.tools import observability
-from support.deploy import K8S
+from support.deploy import K8S, by_kind, one
 from support.prometheus import promtool
 from support.server import REPO
 
@@ -171,3 +172,21 @@ def test_only_the_npu_row_reads_the_npu_exporter() -> None:
         npu = any((metric := observability.metric_for(n)) is not None and metric.source == observability.NPU_EXPORTER
                   for n in observability.metric_names(query.expr))
         assert npu == query.row.startswith(NPU_ROW), (query.row, query.panel)
+
+
+# ------------------------------------------------------------------ Kubernetes and compose
+
+
+def test_the_prometheus_rule_is_rules_yaml_and_the_scrape_job_is_the_rules_job(k8s_rendered) -> None:
+    """The PrometheusRule beside the ServiceMonitor is generated from rules.yaml (`make docs`); the
+    ServiceMonitor's job label is the Service's label that names the job the rules select."""
+    assert observability.write(check=True) == [], "the PrometheusRule is stale: run `make docs`"
+    for rendering in ("a2+components", "autoscaling"):
+        docs = k8s_rendered[rendering]
+        rule = one(docs, "PrometheusRule")
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+        assert rule["spec"]["groups"] == observability.load_rules()["groups"]
+        monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
+        assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == observability.JOB
+    assert not by_kind(k8s_rendered["a2"], "PrometheusRule"), "only with the servicemonitor component"
+
