@@ -1,27 +1,36 @@
-"""The operator's view (deploy/observability), proven with real parts: promtool checks the rules
-and the scrape config and runs the rules' unit tests (every alert with series that fire it and
-series that do not); the rules and the dashboard read only the metrics of the metric table, whose
-claims per vLLM release are checked here for the CPU stack's 0.32 and in
-plugin/tests/test_observability_names.py for each Ascend target; the Kubernetes PrometheusRule is
-rules.yaml's groups, scraped as the job the rules select.
+"""The operator's view (deploy/observability, docs/observability.md), proven with real parts:
+promtool checks the rules and the scrape config and runs the rules' unit tests (every alert with
+series that fire it and series that do not); a real Prometheus (Debian's 2.42, on 127.0.0.1) scrapes
+the shared CPU server under a small load with the shipped job and rules, and every dashboard
+panel's query and every recording rule returns series whose labels are the ones the panels and
+rules name. The engine-down alert against a real engine death is in tests/test_faults.py (the
+server it kills is that test's own). The metric table's claims per vLLM release are checked here
+for the CPU stack's 0.32 and in plugin/tests/test_observability_names.py for each Ascend target.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
+import json
 import pathlib
 import re
+import time
 
 import pytest
 import yaml
 
 from minicpmv_ascend.tools import observability
+from support import raw_http
 from support.deploy import K8S, by_kind, one
-from support.prometheus import promtool
+from support.images import png_url
+from support.prometheus import promtool, running
 from support.server import REPO
 
 OBS = observability.HERE
 NPU_ROW = "The NPUs"  # the dashboard row read from MindCluster's NPU Exporter: not run here
+KUBERNETES_ONLY_LABELS = {"namespace", "pod"}  # added by the Prometheus Operator's scrape, absent in compose's
+LIVE_RATE_INTERVAL = "1m"  # what `$__rate_interval` becomes in the live queries (1 s scrapes)
 
 
 # ------------------------------------------------------------------ promtool
@@ -189,4 +198,93 @@ def test_the_prometheus_rule_is_rules_yaml_and_the_scrape_job_is_the_rules_job(k
         monitor, service = one(docs, "ServiceMonitor"), one(docs, "Service")
         assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == observability.JOB
     assert not by_kind(k8s_rendered["a2"], "PrometheusRule"), "only with the servicemonitor component"
+
+
+# ------------------------------------------------------------------ a real Prometheus, the real server
+
+
+def send_small_load(base_url: str, model: str) -> dict[str, int]:
+    """A few requests of each kind the panels show (text, an image, a stream, a completion), two at a
+    time; their statuses, counted."""
+    chat = f"{base_url}/v1/chat/completions"
+    bodies = [
+        (chat, {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}),
+        (chat, {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": png_url(96, 64)}}, {"type": "text", "text": "What is it?"}]}]}),
+        (chat, {"model": model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 8, "stream": True}),
+        (f"{base_url}/v1/completions", {"model": model, "prompt": "Once upon a time", "max_tokens": 8}),
+    ]
+    statuses: dict[str, int] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for status, _ in pool.map(lambda b: raw_http.send(b[0], b[1], method="POST", timeout=120), bodies * 3):
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return statuses
+
+
+def vllm_4xx(base_url: str) -> float:
+    """vLLM's own count of 4xx answers, from /metrics."""
+    _, body = raw_http.send(f"{base_url}/metrics", timeout=10)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("http_requests_total{") and 'status="4xx"' in line)
+
+
+@pytest.mark.server
+def test_prometheus_scraping_the_server_answers_every_panel_and_recording_rule(server, tmp_path) -> None:
+    """Prometheus scrapes the shared server every second with the shipped job and rules while a small
+    load runs; then every recording rule and every dashboard query outside the NPU row returns at
+    least one series, carrying each label its `by (...)` and its legend name (a misspelt metric or
+    label shows as an empty result or a missing label), and no alert is pending on a healthy server.
+    On the way, what http_requests_total sees: vLLM's own 404 counts, the kit's 400 (the request
+    guard, a --middleware outside vLLM's instrumentation) does not, though the access log has both."""
+    start = time.monotonic()
+    with running(tmp_path / "prometheus", f"127.0.0.1:{server.port}") as prometheus:
+        prometheus.wait_for(f'up{{job="{observability.JOB}"}} == 1', 30, "the first scrape of the server")
+
+        before = vllm_4xx(server.base_url)
+        unknown = raw_http.send(f"{server.base_url}/v1/chat/completions", method="POST", body={
+            "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        refused = raw_http.send(f"{server.base_url}/v1/chat/completions", method="POST", body=json.dumps({
+            "model": server.model, "messages": [{"role": "user", "content": "hi"}],
+            "stop": ["\ud800"]}).encode())  # a lone surrogate, escaped in ASCII JSON
+        assert unknown[0] == 404 and refused[0] == 400, (unknown, refused)
+        assert b"lone UTF-16 surrogate" in refused[1], refused  # the kit's request guard answered it
+        assert vllm_4xx(server.base_url) - before == 1, "vLLM's http_requests_total counts its own 404 only"
+        log = server.log_path.read_text(errors="replace")
+        assert '"POST /v1/chat/completions HTTP/1.1" 400' in log and '"POST /v1/chat/completions HTTP/1.1" 404' in log
+
+        statuses: dict[str, int] = {}
+        for _ in range(2):  # two rounds a few scrapes apart: rates over more than one sample
+            for status, count in send_small_load(server.base_url, server.model).items():
+                statuses[status] = statuses.get(status, 0) + count
+            time.sleep(3)
+        assert statuses == {"200": 24}, statuses
+        load_s = time.monotonic() - start
+
+        empty, report = [], []
+        for name in sorted(observability.recorded_names()):
+            result = prometheus.query(name)
+            report.append(f"{name}: {[r['value'][1] for r in result]}")
+            if not result:
+                empty.append(f"recording rule {name}")
+        values = dict(observability.DASHBOARD_VARIABLES)
+        for query in observability.dashboard_queries():
+            if query.row.startswith(NPU_ROW):
+                continue
+            expr = observability.with_variables(query.expr, values, LIVE_RATE_INTERVAL)
+            result = prometheus.query(expr)
+            report.append(f"{query.panel} [{query.legend}]: {len(result)} series, e.g. "
+                          f"{result[0]['metric'] if result else None} = {result[0]['value'][1] if result else None}")
+            if not result:
+                empty.append(f"panel {query.panel!r}: {expr}")
+                continue
+            wanted = (observability.grouping_labels(query.expr) - KUBERNETES_ONLY_LABELS - {"le"}) \
+                | set(re.findall(r"\{\{\s*(\w+)\s*\}\}", query.legend))
+            for series in result:
+                if missing := wanted - set(series["metric"]):
+                    empty.append(f"panel {query.panel!r}: series {series['metric']} lack {missing} ({expr})")
+        pending = prometheus.query('ALERTS{alertname=~"MiniCPMV.*"}')
+        print(f"\nscraped and queried in {time.monotonic() - start:.1f} s (load done at {load_s:.1f} s):\n  "
+              + "\n  ".join(report) + f"\nalerts: {[a['metric'] for a in pending]}")
+        assert not empty, "no series, or series without the labels named:\n" + "\n".join(empty)
+        assert not pending, [a["metric"] for a in pending]
 
