@@ -200,6 +200,16 @@ def test_the_prometheus_rule_is_rules_yaml_and_the_scrape_job_is_the_rules_job(k
     assert not by_kind(k8s_rendered["a2"], "PrometheusRule"), "only with the servicemonitor component"
 
 
+def test_the_docs_list_every_server_of_the_compose_fleet_as_a_target() -> None:
+    """docs/observability.md's scrape targets for the fleet are compose's NPU servers, each on 8000."""
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    servers = [name for name, service in compose["services"].items()
+               if service.get("image", "").startswith("minicpmv-ascend:") and "cpu" not in service.get("profiles", [])]
+    text = (REPO / "docs" / "observability.md").read_text()
+    (targets,) = re.findall(r"targets: \[([^\]]*)\]  # the fleet", text)
+    assert [t.strip().strip('"') for t in targets.split(",")] == [f"{s}:8000" for s in servers]
+
+
 # ------------------------------------------------------------------ a real Prometheus, the real server
 
 

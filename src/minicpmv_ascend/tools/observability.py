@@ -8,8 +8,8 @@ Declared here: METRICS, every metric the rules and the dashboard read, with the 
 export it (the Ascend targets' 0.23.0 and 0.30.0, the CPU stack's 0.32.0). `problems_on(...)` checks
 that claim against an installed vLLM's own files (plugin/tests in each target's venv, tests/ in
 .venv), tests/test_observability.py that the rules and the dashboard read nothing else. The tables
-of docs/observability.md are made from rules.yaml and METRICS (tools/doc_tables.py), so the
-thresholds and the release columns are written once.
+of docs/observability.md are made from rules.yaml, dashboard.json and METRICS (tools/doc_tables.py),
+so the thresholds, the rows and the release columns are written once.
 """
 
 from __future__ import annotations
@@ -312,6 +312,19 @@ def alerts_markdown() -> str:
     lines += ["", "| recording rule | expression |", "|---|---|"]
     for rule in rules("record"):
         lines.append(f"| `{rule['record']}` | `{_cell(rule['expr'])}` |")
+    return "\n".join(lines) + "\n"
+
+
+def rows_markdown() -> str:
+    """docs/observability.md's table of the dashboard's rows and their panels, from dashboard.json."""
+    rows: dict[str, list[str]] = {}
+    for panel in load_dashboard()["panels"]:
+        if panel["type"] == "row":
+            rows[panel["title"]] = []
+        else:
+            rows[list(rows)[-1]].append(panel["title"])
+    lines = ["| row (the question) | panels |", "|---|---|"]
+    lines += [f"| {_cell(row)} | {_cell('; '.join(panels))} |" for row, panels in rows.items()]
     return "\n".join(lines) + "\n"
 
 
