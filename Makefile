@@ -213,8 +213,10 @@ $(filter-out $(DERIVED_STAMPS),$(PLUGIN_STAMPS) $(PATCH_CHECK_STAMP)): .venv-%/.
 
 # Every generated table of the docs (the registry: scripts/doc_tables.py; the
 # test that keeps each in sync: tests/test_doc_tables.py). The patch table needs the target venvs.
+# Also the Kubernetes PrometheusRule made from deploy/observability/rules.yaml (tests/test_observability.py).
 docs: venv $(PLUGIN_TARGETS:%=venv-%)
 	$(VPY) scripts/doc_tables.py --write --all
+	$(VPY) -m minicpmv_ascend.tools.observability --write
 
 # The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
 # docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py), alone.
@@ -283,9 +285,15 @@ $(LINT_STAMP): requirements/lint.txt
 # The Debian packages the tests need, in one apt step (two apt runs side by side collide on dpkg's
 # lock): nginx for the load-balancer rehearsal (tests/test_fleet.py runs deploy/compose/nginx-fleet.conf
 # in front of real servers; the configuration language of the image compose pulls), docker.io (a
-# Docker engine and Debian's client, BuildKit built in) and debootstrap for the container phase.
+# Docker engine and Debian's client, BuildKit built in), debootstrap for the container phase, and
+# prometheus with promtool for the observability tests (tests/test_observability.py: promtool on
+# deploy/observability, a Prometheus on 127.0.0.1 scraping the real server). Not pinned to a Debian
+# revision: bookworm ships 2.42.0 (2.42.0+ds-5+deb12u1 when written) and its security updates keep
+# that version; the tests ran on it. Its own systemd service, where there is one, listens on :9090
+# and the tests do not use it (theirs listen on free loopback ports).
 # Each is looked for by a file it installs; a no-op where all are there.
-SYSTEM_PACKAGES := nginx:/usr/sbin/nginx docker.io:/usr/sbin/dockerd docker.io:/usr/bin/docker debootstrap:/usr/sbin/debootstrap
+SYSTEM_PACKAGES := nginx:/usr/sbin/nginx docker.io:/usr/sbin/dockerd docker.io:/usr/bin/docker debootstrap:/usr/sbin/debootstrap \
+	prometheus:/usr/bin/prometheus prometheus:/usr/bin/promtool
 system-packages:
 	@missing=$$(for entry in $(SYSTEM_PACKAGES); do test -x "$${entry#*:}" || echo "$${entry%%:*}"; done | sort -u); \
 	[ -z "$$missing" ] || { echo "== installing" $$missing "(Debian's packages)"; apt-get update -qq && \

@@ -51,6 +51,9 @@ TABLES: tuple[Table, ...] = (
     Table("features-table", ("docs/applications.md",), "minicpmv_ascend.tools.features:markdown"),
     Table("targets-table", ("docs/deploy-ascend.md",), "doc_tables:targets_markdown"),
     Table("access-tables", ("docs/reliability.md",), "minicpmv_ascend.server.access:markdown"),
+    Table("observability-rows", ("docs/observability.md",), "minicpmv_ascend.tools.observability:rows_markdown"),
+    Table("observability-alerts", ("docs/observability.md",), "minicpmv_ascend.tools.observability:alerts_markdown"),
+    Table("observability-metrics", ("docs/observability.md",), "minicpmv_ascend.tools.observability:metrics_markdown"),
     Table("bad-config-table", ("docs/reliability.md",), "support.bad_config:markdown_table"),
     Table("bad-requests", ("docs/reliability.md",), "support.bad_requests:markdown_table"),
     # Each column from one venv's plugin decisions: plugin/tests/core/test_register.py checks each target's

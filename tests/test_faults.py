@@ -1,7 +1,7 @@
 """Load and faults against the real vLLM CPU server, started as an orchestrator starts it: the
 embedded default model, exec (no wrapper process), overload, SIGTERM with requests in flight,
-engine death, slow start (bad settings: test_bad_config.py). Each test owns its server and always
-stops it.
+engine death (with a real Prometheus watching: the engine-down alert), slow start (bad settings:
+test_bad_config.py). Each test owns its server and always stops it.
 
 The figures (latencies, RSS, timings) are printed for the report (`pytest -s`), never asserted:
 this machine is shared. Every wait is bounded.
@@ -10,6 +10,7 @@ this machine is shared. Every wait is bounded.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -25,7 +26,8 @@ import time
 import pytest
 
 from minicpmv_ascend.settings.plan import SMALL_CPU_HOST_MAX_CPUS, usable_cpus
-from support import raw_http
+from minicpmv_ascend.tools import observability
+from support import prometheus, raw_http
 from support.images import png_url
 from support.server import REPO, SERVER_READY_TIMEOUT_S, Server, http_get, start_server
 from tiers import available_mib
@@ -63,6 +65,7 @@ LONG_TOKENS = 8000
 SIGTERM_EXIT_MARGIN_S = 30
 IN_FLIGHT_CLIENT_TIMEOUT_S = SHUTDOWN_TIMEOUT_S + SIGTERM_EXIT_MARGIN_S + 30
 ENGINE_DEATH_EXIT_BOUND_S = 120  # the server must exit within this after its engine dies
+ENGINE_DOWN_ALERT = "MiniCPMVServerDown"  # deploy/observability/rules.yaml's alert for it
 STARTUP_MESSAGE = "still starting"
 
 
@@ -381,9 +384,12 @@ def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
     """While the model loads, the probes say "starting" (not ready, not a crash). Once ready, a
     burst against vLLM's --max-num-queued-reqs: the excess is refused with 503 at once. Then
     SIGKILL of the EngineCore: /health stops answering 200, `probe.py live` fails and the server
-    exits non-zero by itself, so that Docker/Kubernetes restart it."""
+    exits non-zero by itself, so that Docker/Kubernetes restart it. A real Prometheus scrapes it
+    every second with deploy/observability's job and rules from the burst on: once the server has
+    exited, the engine-down alert (MiniCPMVServerDown) is pending well within its `for`."""
     srv = start_server(tiny_checkpoint, tmp_path / "server.log",
                        "--max-num-queued-reqs", str(QUEUE_LIMIT))
+    stack = contextlib.ExitStack()
     try:
         # Slow start: probe until ready; every failure must say the server is starting.
         seen: list[tuple[str, int, str]] = []
@@ -405,6 +411,10 @@ def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
         assert seen, "the server was ready before the first probe: nothing was tested"
         for mode, code, message in seen:
             assert code == 1 and STARTUP_MESSAGE in message, (mode, code, message)
+
+        # Prometheus watches from here on (stopped with the test): the shipped job and rules.
+        watch = stack.enter_context(prometheus.running(tmp_path / "prometheus", f"127.0.0.1:{srv.port}"))
+        watch.wait_for(f'up{{job="{observability.JOB}"}} == 1', 30, "the first scrape of the server")
 
         # A bounded queue: what does not fit is refused at once, with a reason, not queued.
         outcomes, wall_s = burst(srv.base_url, srv.model, BURST)
@@ -446,7 +456,15 @@ def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
         except subprocess.TimeoutExpired:
             pytest.fail(f"server still running {ENGINE_DEATH_EXIT_BOUND_S} s after its engine "
                         f"died:\n{srv.log_tail()}")
-        exit_s = time.monotonic() - killed_at
+        exited_at = time.monotonic()
+        exit_s = exited_at - killed_at
+        # The engine-down alert: pending (then firing) within its `for` of the exit.
+        down = observability.alert(ENGINE_DOWN_ALERT)
+        alerts, alert_s = watch.wait_for(
+            f'ALERTS{{alertname="{ENGINE_DOWN_ALERT}", alertstate=~"pending|firing"}}',
+            observability.duration_seconds(down["for"]), f"{ENGINE_DOWN_ALERT} after the server exited")
+        print(f"{ENGINE_DOWN_ALERT} {alerts[0]['metric']['alertstate']} {alert_s:.1f} s after the server exited "
+              f"({exit_s + alert_s:.1f} s after the engine died; its `for` is {down['for']})")
         thread.join(130)
         in_flight = result.get("value") or {}
         print(f"EngineCore SIGKILL: /health {health[0]} after {unhealthy_s:.1f} s, probe live: "
@@ -460,4 +478,5 @@ def test_slow_start_queue_limit_then_engine_death(tiny_checkpoint, tmp_path):
         assert code == 1, srv.log_tail()
         assert "the engine died: the API server stops and will exit with code 1" in srv.log_path.read_text()
     finally:
+        stack.close()
         stop_all(srv)

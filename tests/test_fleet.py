@@ -9,7 +9,7 @@
 
 One test rehearses both: the balancer's second server is the DP one, and its engine's death is the
 fault the balancer routes around (one server start, not two beside the shared one). nginx comes
-from Debian's package (`make nginx`).
+from Debian's package (`make system-packages`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def fleet_conf(upstreams: list[int], port: int) -> str:
 def nginx_binary() -> str:
     path = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if not path:
-        pytest.fail("nginx is needed for the load-balancer rehearsal: `make nginx` (Debian's package)")
+        pytest.fail("nginx is needed for the load-balancer rehearsal: `make system-packages` (Debian's package)")
     return path
 
 

@@ -1,6 +1,6 @@
 """The bad-configuration cases of tests/test_bad_config.py (each given to entrypoint.py there) and the
 table docs/reliability.md embeds, generated from them (`make docs`; the registry of generated
-tables, minicpmv_ascend.tools.doc_tables, keeps it in sync). Test data, not tests: it lives here so
+tables, scripts/doc_tables.py, keeps it in sync). Test data, not tests: it lives here so
 that the table's generator does not import a test module.
 """
 
