@@ -60,13 +60,13 @@ def test_a_lone_surrogate_in_any_field_is_a_400_naming_it_and_valid_text_passes(
                 assert status == 200, (field, text, status, answer[:300])
 
 
-def test_body_problem_finds_lone_surrogates_only():
-    assert request_guard.body_problem(b'{"stop": ["\\ud83d\\ude00", "\\u4e2d"]}') is None  # a pair, CJK
-    assert request_guard.body_problem(b'{"stop": ["\\\\ud800"]}') is None  # an escaped backslash: text
-    assert request_guard.body_problem(b'not json \\ud800') is None  # vLLM answers what is not JSON
+def test_check_body_finds_lone_surrogates_only():
+    assert request_guard.check_body(b'{"stop": ["\\ud83d\\ude00", "\\u4e2d"]}')[0] is None  # a pair, CJK
+    assert request_guard.check_body(b'{"stop": ["\\\\ud800"]}')[0] is None  # an escaped backslash: text
+    assert request_guard.check_body(b'not json \\ud800')[0] is None  # vLLM answers what is not JSON
     for body, field in ((b'{"stop": ["ok", "\\ud800"]}', "stop[1]"), (b'{"a": {"b": "x\\udfff"}}', "a.b"),
                         (b'{"s": "\\ude00\\ud83d"}', "s"), (b'["\\uD800"]', "[0]"), (b'{"k\\ud800": 1}', "(the body) (a key)")):
-        problem = request_guard.body_problem(body)
+        problem = request_guard.check_body(body)[0]
         assert problem is not None and problem[0] == field, (body, problem)
 
 

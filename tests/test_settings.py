@@ -182,6 +182,24 @@ def test_default_plan_argv_has_the_kits_flags_middleware_and_env_defaults(tiny_c
     for absent in ("--hf-overrides", "--api-key", "--allowed-local-media-path"):
         assert absent not in args
     assert plan.command()[1:4] == ["-m", "minicpmv_ascend.vllm_cli", "serve"]
+    # What one client may do to another and to the server, for the request guard
+    assert {k: plan.env_defaults[k] for k in ("MEDIA_UUIDS", "ALLOW_CONTROL_TOKENS", "TRUST_REQUEST_MM_KWARGS")} == {
+        "MEDIA_UUIDS": "private", "ALLOW_CONTROL_TOKENS": "false", "TRUST_REQUEST_MM_KWARGS": "false"}
+    assert "--no-trust-request-mm-kwargs" in args  # vLLM 0.32 refuses them itself too
+
+
+def test_trusting_media_options_reaches_the_guard_and_vllm_where_it_has_the_flag(tiny_config, monkeypatch):
+    """vLLM's own flag on the command line is the setting: the request guard trusts (every
+    target), and vLLM gets the flag where it has one (>= 0.31; 0.30 and 0.23 would refuse it)."""
+    for how in ({"cli": ["--trust-request-mm-kwargs"]}, {"TRUST_REQUEST_MM_KWARGS": "true"}):
+        plan = plan_for(tiny_config, **how)
+        assert plan.env_defaults["TRUST_REQUEST_MM_KWARGS"] == "true" and "--trust-request-mm-kwargs" in plan.vllm_args
+    monkeypatch.setattr(vllm_source, "has_trust_request_mm_kwargs", lambda: False)  # vLLM 0.30's parser
+    plan = plan_for(tiny_config, cli=["--trust-request-mm-kwargs"])
+    assert plan.env_defaults["TRUST_REQUEST_MM_KWARGS"] == "true"
+    assert not {"--trust-request-mm-kwargs", "--no-trust-request-mm-kwargs"} & set(plan.vllm_args)
+    error = error_of(plan_for, tiny_config, MEDIA_UUIDS="scoped")
+    assert error.key == "media_uuids" and "private" in str(error) and "shared" in str(error)
 
 
 def test_auto_values_follow_the_checkpoint(tiny_config, tmp_path):

@@ -59,6 +59,12 @@ def has_tool_strict_level() -> bool:
     return "tool_strict_level" in source
 
 
+def has_trust_request_mm_kwargs() -> bool:
+    """Whether `vllm serve` has `--trust-request-mm-kwargs` (vLLM >= 0.31)."""
+    source = read("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py") or ""
+    return "trust_request_mm_kwargs" in source
+
+
 def has_model(model_type: str) -> bool | None:
     """Whether vLLM's model code has this model (vllm/model_executor/models/<model_type>.py, as
     MiniCPM-V's modules are named); None when vLLM is absent here."""

@@ -20,15 +20,46 @@ its body is read) and outside the tool-call guard:
    (`stop[0]`, `messages[0].content[1].text`): one general check at the door instead of one per
    field, the same on every vLLM target. Pairs (`"\\ud83d\\ude00"`, an emoji) are one character
    once parsed and pass unchanged, as does every other body: it is handed on byte for byte.
+
+Clients of one server are strangers to each other; three more checks keep one from reaching into
+another's requests or the server's budget (docs/reliability.md, "One client, another's data"):
+3. **Media uuids are private** (`media_uuids: private`, the default). vLLM keys its multimodal
+   caches (processor, encoder, prefix) by the `uuid` a client gives a media part, server-wide: a
+   client that names another's uuid with no data gets the other's image read, and one that sends
+   its own image under a uuid an application uses later plants it (vLLM 0.23, 0.30, 0.32 alike).
+   The kit has one API key per server, so there is no caller identity to scope a uuid by: a uuid
+   beside data is dropped (vLLM then hashes the data itself, so identical images still share the
+   cache), and a uuid without data becomes a fresh random one, which vLLM answers with its own
+   cache-miss 400. `shared` keeps vLLM's behaviour, for a server whose only client is one trusted
+   application. Either way a uuid that is not a string of 1-256 characters is a 400 naming it.
+4. **Control tokens are not text** (`allow_control_tokens: false`, the default). vLLM renders the
+   chat template to a string and then tokenizes it with the special tokens matched, so
+   `<|im_end|>\n<|im_start|>system` written in a message becomes a real system turn. The text
+   the template renders (`messages`, `tools`, the Responses API's `input` and `instructions`,
+   Anthropic's `system`) may not contain any of the tokenizer's special added tokens (read from
+   the checkpoint's tokenizer files, not kept by hand): a 400 names the field. The thinking and
+   tool markers (`<think>`, `<tool_call>`...) are not special in MiniCPM-V's tokenizer: models
+   write them, agents replay them, the template gives them no role. Raw prompts
+   (`/v1/completions`) are the client's own template and pass.
+5. **Media options are the operator's** (`trust_request_mm_kwargs: false`, the default).
+   Per-request `mm_processor_kwargs` and `media_io_kwargs` decide how much media work a request
+   makes (`{"video": {"num_frames": -1}}` decodes every frame); vLLM >= 0.31 refuses them without
+   `--trust-request-mm-kwargs`, 0.30 and 0.23 take them from any client. The guard refuses them
+   on every target, with the same switch.
+A body is parsed only when it could hold one of these (a `\\u` escape, `uuid`, `<`, `_kwargs`); it is
+re-encoded only when a uuid was rewritten.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pathlib
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+import secrets
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any, Literal
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,12 +74,47 @@ LIMIT_ENV = "MAX_REQUEST_BODY_MB"
 DEFAULT_LIMIT_MB = 160
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
+MEDIA_UUIDS_ENV = "MEDIA_UUIDS"
+MediaUuids = Literal["private", "shared"]
+CONTROL_TOKENS_ENV = "ALLOW_CONTROL_TOKENS"
+MM_KWARGS_ENV = "TRUST_REQUEST_MM_KWARGS"
+MM_KWARGS_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
+UUID_MAX_CHARS = 256
+# Where media parts (and so uuids) are: chat messages (chat, /tokenize, /invocations, Anthropic's
+# /v1/messages), the Responses API's input, vLLM's token-in generate route.
+MEDIA_FIELDS = ("messages", "input", "content_parts")
+# What a chat template renders into the prompt as text.
+RENDERED_FIELDS = ("messages", "tools", "input", "instructions", "system")
+# Bytes without which a body holds none of what the checks look for (JSON spells a key or a token
+# either literally or with \u escapes; every special token starts with `<`).
+_WORTH_PARSING = (b"\\u", b"uuid", b"<", b"_kwargs")
+_log = logging.getLogger(__name__)
+
 
 def limit_from_env() -> int:
     """The body limit in bytes (MAX_REQUEST_BODY_MB, the launcher sets it)."""
     configured = os.environ.get(LIMIT_ENV, "").strip()
     megabytes = int(configured) if configured.isdigit() and int(configured) > 0 else DEFAULT_LIMIT_MB
     return megabytes * 1024 * 1024
+
+
+def media_uuids_from_env() -> MediaUuids:
+    """MEDIA_UUIDS (the launcher sets it): `shared`, else `private`."""
+    return "shared" if os.environ.get(MEDIA_UUIDS_ENV, "").strip().lower() == "shared" else "private"
+
+
+def _flag_from_env(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def control_tokens_allowed_from_env() -> bool:
+    """ALLOW_CONTROL_TOKENS (the launcher sets it)."""
+    return _flag_from_env(CONTROL_TOKENS_ENV)
+
+
+def mm_kwargs_trusted_from_env() -> bool:
+    """TRUST_REQUEST_MM_KWARGS (the launcher sets it)."""
+    return _flag_from_env(MM_KWARGS_ENV)
 
 
 def _encodable(text: str) -> bool:
@@ -78,14 +144,8 @@ def unencodable_fields(value: Any, path: str = "") -> list[str]:
     return found
 
 
-def body_problem(body: bytes) -> tuple[str, str] | None:
-    """(field, message) when the body holds text the engine cannot encode, else None."""
-    if not SURROGATE_ESCAPE.search(body):
-        return None
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None  # not JSON: vLLM answers it
+def surrogate_problem(parsed: Any) -> tuple[str, str] | None:
+    """(field, message) when a parsed body holds text the engine cannot encode, else None."""
     fields = unencodable_fields(parsed)
     if not fields:
         return None  # only surrogate pairs: valid text
@@ -95,6 +155,123 @@ def body_problem(body: bytes) -> tuple[str, str] | None:
         + (f" (also in {', '.join(f'`{f}`' for f in fields[1:4])})" if len(fields) > 1 else "")
         + "; send valid UTF-8 text: a character outside the Basic Multilingual Plane is either the "
         "character itself or both halves of its surrogate pair (\\ud83d\\ude00)")
+
+
+def _nodes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, node) for a JSON value and everything inside it, paths as `a[0].b`."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nodes(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nodes(item, f"{path}[{i}]")
+
+
+def _has_media(part: dict[str, Any]) -> bool:
+    """Whether a media part carries its data (a URL, base64, embeddings), not only a uuid."""
+    for key, value in part.items():
+        if key in ("type", "uuid", "detail") or value is None:
+            continue
+        if not isinstance(value, dict) or any(v is not None for v in value.values()):
+            return True
+    return False
+
+
+def uuid_problem(parsed: dict[str, Any], mode: MediaUuids) -> tuple[tuple[str, str] | None, bool]:
+    """Checks every media part's uuid and, in private mode, rewrites it in place (module
+    docstring, 3): ((field, message) for a malformed one or None, whether anything was rewritten)."""
+    rewritten = False
+    for field in MEDIA_FIELDS:
+        for path, node in _nodes(parsed.get(field), field):
+            if not isinstance(node, dict) or "uuid" not in node:
+                continue
+            uuid = node["uuid"]
+            if uuid is None:
+                continue  # vLLM's own "no uuid"
+            if not isinstance(uuid, str) or not 1 <= len(uuid) <= UUID_MAX_CHARS:
+                return (f"{path}.uuid", (
+                    f"`{path}.uuid` must be a string of 1 to {UUID_MAX_CHARS} characters (it names the "
+                    f"media item for the server's cache); got {type(uuid).__name__}"
+                    + (f" of {len(uuid)} characters" if isinstance(uuid, str) else "")
+                    + "; send the media's data, and a short string as uuid or none")), rewritten
+            if mode == "private":
+                rewritten = True
+                if _has_media(node):
+                    del node["uuid"]
+                else:  # a uuid alone: a cache miss for vLLM, whoever used that uuid before
+                    node["uuid"] = f"private-{secrets.token_hex(16)}"
+    return None, rewritten
+
+
+def mm_kwargs_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, message) for per-request media options (module docstring, 5)."""
+    field = next((name for name in MM_KWARGS_FIELDS if parsed.get(name)), None)
+    if field is None:
+        return None
+    return field, (f"per-request `{field}` are refused by this server: they change how media is loaded and "
+                   "processed (how images are sliced, how many video frames are decoded), which one client "
+                   "must not decide for a shared server. Leave them out; an operator whose clients are all "
+                   f"trusted sets {MM_KWARGS_ENV}=true (vLLM's --trust-request-mm-kwargs)")
+
+
+def read_special_tokens(model_dir: pathlib.Path) -> frozenset[str]:
+    """The tokenizer's special added tokens: tokenizer.json's `added_tokens` and
+    tokenizer_config.json's `added_tokens_decoder` whose `special` is true."""
+    tokens: set[str] = set()
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        try:
+            entries = json.loads((model_dir / name).read_text(encoding="utf-8")).get(key) or []
+        except (OSError, ValueError):
+            continue
+        for entry in entries.values() if isinstance(entries, dict) else entries:
+            if isinstance(entry, dict) and entry.get("special") and entry.get("content"):
+                tokens.add(entry["content"])
+    return frozenset(tokens)
+
+
+def control_token_problem(parsed: dict[str, Any], pattern: re.Pattern[str] | None) -> tuple[str, str] | None:
+    """(field, message) for the first rendered text that holds a special token (module docstring, 4)."""
+    if pattern is None:
+        return None
+    for field in RENDERED_FIELDS:
+        for path, node in _nodes(parsed.get(field), field):
+            if isinstance(node, str) and (found := pattern.search(node)):
+                return path, (
+                    f"`{path}` contains `{found.group()}`, one of the model's control tokens: written in "
+                    "text it would act as chat-template markup (a new turn, a media placeholder), so "
+                    "this server refuses it; remove it or write it differently (e.g. with a space "
+                    f"inside). An operator whose clients are all trusted may set {CONTROL_TOKENS_ENV}=true")
+    return None
+
+
+def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens: re.Pattern[str] | None = None,
+               mm_kwargs_trusted: bool = False) -> tuple[tuple[str, str] | None, bytes]:
+    """((field, message) or None, the body to hand on): the checks of the module docstring.
+    `control_tokens`: the special tokens to refuse in rendered text (`token_pattern`), None: none."""
+    if not any(marker in body for marker in _WORTH_PARSING):
+        return None, body
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None, body  # not JSON: vLLM answers it
+    if SURROGATE_ESCAPE.search(body) and (problem := surrogate_problem(parsed)):
+        return problem, body
+    if not isinstance(parsed, dict):
+        return None, body
+    problem = None if mm_kwargs_trusted else mm_kwargs_problem(parsed)
+    if problem:
+        return problem, body
+    problem, rewritten = uuid_problem(parsed, media_uuids)
+    problem = problem or control_token_problem(parsed, control_tokens)
+    if problem or not rewritten:
+        return problem, body
+    return None, json.dumps(parsed, ensure_ascii=False).encode()
+
+
+def token_pattern(tokens: frozenset[str]) -> re.Pattern[str] | None:
+    """One pattern for the tokens, longest first (one that is a prefix of another loses); None when empty."""
+    return re.compile("|".join(map(re.escape, sorted(tokens, key=lambda t: (-len(t), t))))) if tokens else None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -115,9 +292,31 @@ async def _send_error(send: Send, status: int, kind: str, message: str, param: s
 class RequestGuard:
     """The ASGI middleware (module docstring)."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int | None = None) -> None:
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int | None = None,
+                 media_uuids: MediaUuids | None = None, control_tokens: frozenset[str] | None = None,
+                 mm_kwargs_trusted: bool | None = None) -> None:
         self.app = app
         self.limit = limit if limit is not None else limit_from_env()
+        self.media_uuids = media_uuids or media_uuids_from_env()
+        self.mm_kwargs_trusted = mm_kwargs_trusted_from_env() if mm_kwargs_trusted is None else mm_kwargs_trusted
+        # control_tokens None: the served checkpoint's, read at the first request (unless allowed)
+        self._control_tokens = token_pattern(control_tokens) if control_tokens is not None else None
+        self._control_tokens_known = control_tokens is not None or control_tokens_allowed_from_env()
+
+    def control_token_pattern(self, scope: Scope) -> re.Pattern[str] | None:
+        """The special tokens of the checkpoint vLLM serves (`--tokenizer`, else the model: the
+        app's `state.args`), read once; None where control tokens are allowed."""
+        if not self._control_tokens_known:
+            self._control_tokens_known = True
+            state = getattr(scope.get("app"), "state", None)
+            args = getattr(state, "args", None)
+            where = getattr(args, "tokenizer", None) or getattr(args, "model", None) or ""
+            tokens = read_special_tokens(pathlib.Path(where)) if where else frozenset()
+            if not tokens:
+                _log.error("no special tokens found in the tokenizer files of %r: control tokens in "
+                           "message text are not refused", where)
+            self._control_tokens = token_pattern(tokens)
+        return self._control_tokens
 
     def _too_large(self) -> str:
         return (f"the request body is larger than this server accepts ({self.limit // (1024 * 1024)} MiB, "
@@ -147,10 +346,15 @@ class RequestGuard:
             parts.append(part)
             if not message.get("more_body", False):
                 break
-        problem = body_problem(b"".join(parts))
+        body = b"".join(parts)
+        problem, checked = check_body(body, self.media_uuids, self.control_token_pattern(scope), self.mm_kwargs_trusted)
         if problem is not None:
             await _send_error(send, 400, "BadRequestError", problem[1], problem[0])
             return
+        if checked is not body:  # rewritten: one message, and the length it now has
+            messages = [{"type": "http.request", "body": checked, "more_body": False}]
+            scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers") or () if k.lower() != b"content-length"]
+                         + [(b"content-length", str(len(checked)).encode())])
         pending = iter(messages)
 
         async def replay() -> Message:

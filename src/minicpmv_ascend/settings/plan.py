@@ -129,6 +129,8 @@ def _effective(resolution: Resolution, config: Mapping[str, Any], served: Model)
         eff["tool_call_parser"] = None  # vLLM only uses it for automatic tool choice
     if not eff["enable_auto_tool_choice"] or not vllm_source.has_tool_strict_level():
         eff["tool_strict_level"] = None  # unused, or a vLLM without the flag (check_tool_calling)
+    if not vllm_source.has_trust_request_mm_kwargs():
+        eff["trust_request_mm_kwargs"] = None  # vLLM < 0.31 takes them from anyone: the request guard decides
     hosts = eff["allowed_media_domains"]
     if media_urls.PUBLIC in hosts:  # the plugin checks addresses; without it vLLM refuses every URL
         hosts = [media_urls.PUBLIC_SENTINEL, *(h for h in hosts if h != media_urls.PUBLIC)]
@@ -142,7 +144,7 @@ def _effective(resolution: Resolution, config: Mapping[str, Any], served: Model)
 def setting_argv(setting: Setting, value: Any) -> list[str]:
     """The vLLM flags for one setting's effective value."""
     flag = setting.flag or ""
-    if setting.emit == "bool":
+    if setting.emit == "bool" and value is not None:
         middleware = ["--middleware", setting.middleware] if value and setting.middleware else []
         return [flag if value else "--no-" + flag.removeprefix("--"), *middleware]
     if setting.emit == "json":
@@ -244,6 +246,9 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     env_defaults: dict[str, str] = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1" if public else "0",
                                     media_urls.FETCHES_ENV: str(resolution["media_url_fetches"]),
                                     request_guard.LIMIT_ENV: str(resolution["max_request_body_mb"]),
+                                    request_guard.MEDIA_UUIDS_ENV: resolution["media_uuids"],
+                                    request_guard.CONTROL_TOKENS_ENV: str(resolution["allow_control_tokens"]).lower(),
+                                    request_guard.MM_KWARGS_ENV: str(resolution["trust_request_mm_kwargs"]).lower(),
                                     "MAX_IMAGE_ASPECT_RATIO": str(resolution["max_image_aspect_ratio"]),
                                     # n sequences take n batch slots: n past max_num_seqs only queues
                                     # work behind itself (vLLM's own cap is 16384)

@@ -226,8 +226,10 @@ SETTINGS: tuple[Setting, ...] = (
             "which the same check applies on vLLM 0.23 too.",
             emit="env", env_name="MAX_IMAGE_ASPECT_RATIO"),
     Setting("allowed_local_media_path", str, "",
-            "Server directory whose files clients may send as file:// image URLs (absolute path "
-            "of an existing directory, not /). Empty: file:// URLs are refused.",
+            "Server directory whose files clients may send as file:// image and video URLs (absolute "
+            "path of an existing directory, not /). Empty: file:// URLs are refused. Only regular files "
+            "within the media download bound (VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB, else 20 MiB) are read: "
+            "a larger file, a FIFO or a device is a 400 before reading.",
             flag="--allowed-local-media-path"),
     Setting("max_request_body_mb", Count, request_guard.DEFAULT_LIMIT_MB,
             "Largest request body in MiB: a larger one gets 413 before it is read (vLLM reads any size). "
@@ -235,6 +237,27 @@ SETTINGS: tuple[Setting, ...] = (
             "layer refuses text the engine cannot encode (a lone UTF-16 surrogate such as \\ud800 in "
             "any string field) with a 400 naming the field (docs/reliability.md).",
             emit="env", env_name=request_guard.LIMIT_ENV, middleware=request_guard.MIDDLEWARE),
+    Setting("media_uuids", request_guard.MediaUuids, "private",
+            "What a media part's `uuid` (vLLM's key for its multimodal caches, server-wide) may do. "
+            "private: a uuid beside data is dropped (the server hashes the data itself) and a uuid "
+            "without data is a cache miss (400), so no client can read or replace another client's "
+            "media by naming its uuid. shared: vLLM's behaviour (a uuid alone reuses whatever was "
+            "sent under it, by anyone), for a server whose only client is one trusted application "
+            "(docs/reliability.md, One client, another's data).",
+            emit="env", env_name=request_guard.MEDIA_UUIDS_ENV),
+    Setting("allow_control_tokens", bool, False,
+            "Let message text contain the model's control tokens (the tokenizer's special tokens: the "
+            "chat template's turn markers im_start and im_end, the media placeholders), which then act "
+            "as chat-template markup: a user could write a system turn. false: a 400 names the field. true only "
+            "where every client is trusted (an agent replaying its own transcripts).",
+            emit="env", env_name=request_guard.CONTROL_TOKENS_ENV),
+    Setting("trust_request_mm_kwargs", bool, False,
+            "Accept per-request `mm_processor_kwargs` and `media_io_kwargs` from clients (how images are "
+            "sliced, how many video frames are decoded). false: a 400 names the field, on every vLLM "
+            "target (vLLM >= 0.31 refuses them itself; 0.30 and 0.23 took them from anyone, so "
+            "`{\"video\": {\"num_frames\": -1}}` lifted the frame cap). true only where every client is "
+            "trusted; the parity prompts and bench cells that vary them need it.",
+            emit="bool", flag="--trust-request-mm-kwargs"),
     Setting("api_key", str, "",
             "API key clients must send as `Authorization: Bearer ...`; reaches vLLM only "
             "through its environment, never its command line or logs.",
