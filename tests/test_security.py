@@ -24,6 +24,7 @@ import concurrent.futures
 import http.client
 import http.server
 import json
+import os
 import pathlib
 import re
 import socket
@@ -63,9 +64,9 @@ def request(base_url: str, path: str, body: dict | None = None, key: str | None 
     return status, answer.decode()
 
 
-def image_chat(server: Any, url: str, key: str | None = None) -> tuple[int, str]:
+def image_chat(server: Any, url: str, key: str | None = None, kind: str = "image_url") -> tuple[int, str]:
     body = {"model": server.model, "max_tokens": 4, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is in the picture?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+        {"type": "text", "text": "What is in the picture?"}, {"type": kind, kind: {"url": url}}]}]}
     return request(server.base_url, "/v1/chat/completions", body, key)
 
 
@@ -391,6 +392,49 @@ def test_file_urls_only_inside_the_allowed_directory(guarded, files) -> None:
     for url in (outside.as_uri(), f"file://{files}/media/../outside/blue.png", "file:///etc/passwd"):
         status, body = image_chat(guarded, url, SECRET)
         assert status == 400 and "allowed-local-media-path" in body, (url, status, body)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MiB."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+
+@pytest.mark.server
+def test_local_files_are_bounded_like_downloads(guarded, files) -> None:
+    """Inside the allowed directory: a 3 GiB (sparse) file as an image and as a video, a FIFO, a
+    directory and a double-encoded path are each a 400 at once; the API server reads none of the
+    large file (its peak memory does not move) and stays up. vLLM alone read the 3 GiB file into the
+    API server (+5.2 GiB) and died in PyAV, blocked a loader thread on the FIFO for good, and
+    answered the double-encoded path with 500 (FileNotFoundError): the plugin's file-url-400."""
+    media = files / "media"
+    large = media / "recording.mp4"
+    with large.open("wb") as file:
+        file.truncate(3 * 1024**3)
+    fifo = media / "pipe.png"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    (media / "folder").mkdir(exist_ok=True)
+    peak = peak_rss_mib(guarded.process.pid)
+    limit = "larger than this server's limit of 20971520 bytes"  # media_urls.DEFAULT_MAX_BYTES
+    cases = {"large image": ("image_url", large.as_uri(), limit), "large video": ("video_url", large.as_uri(), limit),
+             "fifo": ("image_url", fifo.as_uri(), "not a regular file"),
+             "directory": ("image_url", (media / "folder").as_uri(), "not a regular file"),
+             "double-encoded": ("image_url", media.as_uri() + "/%252e%252e/red.png", "No such file")}
+    for name, (kind, url, says) in cases.items():
+        started = time.monotonic()
+        status, body = image_chat(guarded, url, SECRET, kind)
+        seconds = time.monotonic() - started
+        print(f"\n{name}: {status} in {seconds:.2f} s")
+        assert status == 400 and says in body, (name, status, body)
+        assert seconds < 10, (name, seconds)  # at once, not after reading or waiting (measured < 0.1 s)
+    rise = peak_rss_mib(guarded.process.pid) - peak
+    print(f"API server peak RSS rise: {rise:.0f} MiB")
+    assert rise < 100, rise
+    large.unlink()
+    fifo.unlink()
+    assert request(guarded.base_url, "/health")[0] == 200
+    assert image_chat(guarded, (media / "red.png").as_uri(), SECRET)[0] == 200
 
 
 @pytest.mark.server

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import textwrap
@@ -276,6 +277,69 @@ def test_media_loader_refusals_are_400s(target):
         assert results["off"]["bomb"][0::2] == ["DecompressionBombError", 500]  # the bug
     else:
         assert results["off"]["bomb"][2] == 400
+
+
+def test_file_url_reads_are_bounded_on_the_targets_loader(target):
+    """Inside the allowed directory, the target's own connector with the plugin: a file past the
+    media download bound (here 1 MiB: VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB=1) is a 400 before a byte is
+    read, as are a FIFO (at once: no writer ever comes), a directory and a path that does not exist
+    (the double-encoded `%252e%252e`); a file within the bound is served. Without the plugin the
+    loader reads the whole file (the recording media IO is handed all its bytes), a directory and a
+    missing path are 500s."""
+    code = ERROR_RESPONSE + textwrap.dedent("""
+        import json, os, pathlib, tempfile, time
+        from urllib3.util import parse_url
+        from vllm.multimodal.media.connector import MediaConnector
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        class Recording:
+            def get_max_bytes(self): return None
+            def load_bytes(self, data): return len(data)
+            def load_file(self, filepath): return len(pathlib.Path(filepath).read_bytes())
+        root = pathlib.Path(tempfile.mkdtemp())
+        (root / "big.bin").write_bytes(b"x" * (3 * 1024 * 1024))
+        (root / "small.bin").write_bytes(b"x" * 1000)
+        (root / "folder").mkdir()
+        os.mkfifo(root / "fifo")
+        connector = MediaConnector(allowed_local_media_path=str(root))
+        out = {}
+        cases = [("big", (root / "big.bin").as_uri()), ("small", (root / "small.bin").as_uri()),
+                 ("folder", (root / "folder").as_uri()), ("missing", root.as_uri() + "/%252e%252e/small.bin")]
+        if os.environ.get("MINICPMV_ASCEND_PLUGIN") != "off":  # vLLM alone blocks on it for good
+            cases.append(("fifo", (root / "fifo").as_uri()))
+        for name, url in cases:
+            started = time.monotonic()
+            try:
+                out[name] = ["served", connector._load_file_url(parse_url(url), Recording()), 200]
+            except Exception as error:
+                out[name] = [type(error).__name__, str(error), create_error_response(error).error.code]
+            out[name].append(round(time.monotonic() - started, 3))
+        print("RESULT " + json.dumps(out))
+    """)
+    bound = {"VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB": "1"}
+    results = dict(zip(("plugin", "off"), results_each(code, bound, PLUGIN_OFF | bound)))
+    plugin, off = results["plugin"], results["off"]
+    assert plugin["small"][:3] == ["served", 1000, 200] and off["small"][:3] == ["served", 1000, 200]
+    assert plugin["big"][0::2][:2] == ["ValueError", 400] and "1048576 bytes" in plugin["big"][1], plugin["big"]
+    for name in ("folder", "fifo"):
+        kind, message, status, seconds = plugin[name]
+        assert (kind, status) == ("ValueError", 400) and "not a regular file" in message and seconds < 1, plugin[name]
+    assert plugin["missing"][0::2][:2] == ["ValueError", 400] and "No such file" in plugin["missing"][1]
+    if target.needs("file-url-400"):  # the bug: the whole file, and 500s
+        assert off["big"][:3] == ["served", 3 * 1024 * 1024, 200], off["big"]
+        assert off["folder"][2] == off["missing"][2] == 500, off
+
+
+def test_a_file_that_grows_past_the_bound_while_read_is_refused():
+    """The size is checked before reading and the read stops one byte past the bound: a file whose
+    size said less than it holds (as one still being written) is refused, not read whole."""
+    from minicpmv_ascend_plugin.patches.media.file_url_400 import read_bounded
+
+    status = pathlib.Path("/proc/self/status")  # a regular file whose size says 0; it holds ~1 KiB
+    assert os.stat(status).st_size == 0 and len(status.read_bytes()) > 200
+    with pytest.raises(ValueError, match="larger than this server's limit of 100 bytes"):
+        read_bounded(status, 100)
+    assert read_bounded(status, 1 << 20).startswith(b"Name:")
 
 
 def test_plugin_off_registers_none_of_them():
