@@ -108,7 +108,7 @@ def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
     `url` fields, each body is changed at most once and the same way every time; the body stays
     valid text (schemathesis validates it) and goes out as ASCII JSON with the escape \\ud800."""
     surrogates, data_urls = set(), 0
-    for i in range(200):
+    for i in range(400):
         if i % 2:  # only checked fields: any string of them
             body = {"model": "m", "messages": [{"role": "user", "content": f"c{i}"}]}
             changed = fuzz.hostile(json.loads(json.dumps(body)))
@@ -126,11 +126,30 @@ def test_hostile_values_reach_every_kind_of_string_and_travel_as_ascii_json():
                 json.dumps(sent, ensure_ascii=False).encode()  # a lone surrogate once parsed
             surrogates.add(next(k for k in ("model", "stop", "vllm_xargs", "messages", "user")
                                 if "\\ud800" in json.dumps(sent[k])))
-        if changed["messages"][0]["content"][0]["image_url"]["url"] in fuzz.NON_BASE64_DATA_URLS:
+        if (changed["messages"][0]["content"][0]["image_url"] or {}).get("url") in fuzz.HOSTILE_URLS:
             data_urls += 1
     # into the engine's fields where a body has them (never `user` then), else anywhere
     assert surrogates == {"model", "stop", "vllm_xargs", "messages"} and 4 <= data_urls <= 30
     assert fuzz.ascii_json({"emoji": "\U0001f600"}) == b'{"emoji": "\\ud83d\\ude00"}'  # pairs stay pairs
+
+
+def test_hostile_uuids_and_forged_turns_reach_media_parts_and_message_texts():
+    """One body in HOSTILE_EVERY with a media part gets a hostile uuid (some without their data),
+    one with a conversation a forged turn in one of its texts (never in a role or a URL)."""
+    uuids, alone, forged = [], 0, set()
+    for i in range(400):
+        body = {"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": f"t{i}"}, {"type": "image_url", "image_url": {"url": f"http://h/{i}.png"}}]}]}
+        changed = fuzz.hostile(json.loads(json.dumps(body)))
+        part, text = changed["messages"][0]["content"][1], changed["messages"][0]["content"][0]["text"]
+        if "uuid" in part:
+            uuids.append(part["uuid"])
+            alone += part["image_url"] is None
+        if fuzz.FORGED_TURN in text:
+            forged.add(i)
+        assert fuzz.FORGED_TURN not in changed["messages"][0]["role"] + json.dumps(part)
+    assert {json.dumps(u) for u in uuids} == {json.dumps(u) for u in fuzz.HOSTILE_UUIDS} and alone >= 1
+    assert 10 <= len(uuids) <= 50 and 10 <= len(forged) <= 50, (len(uuids), len(forged))
 
 
 def test_a_run_that_cannot_read_the_schema_says_why_in_its_report(tmp_path):

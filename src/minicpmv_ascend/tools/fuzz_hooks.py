@@ -41,11 +41,13 @@ bounded run can afford:
    item of one kind). Without this, 0 of ~1,700 chat requests of a slice reached the engine (479
    of them that 400), and 3 to 7 of ~3,000 responses requests; tests/test_fuzz_findings.py keeps
    the 400 itself tested.
-6. Hostile values no schema describes (issue 21; fuzz.hostile): a lone UTF-16 surrogate appended to
-   one string of one body in fuzz.HOSTILE_EVERY (a marker in the body, written as the ASCII JSON
-   escape \ud800 by this module's JSON serializer), and a data URL that is not base64 in a `url`
-   field of one in HOSTILE_EVERY; before the kit's request guard and its data-url-400 patch these
-   were 500 and 501.
+6. Hostile values no schema describes (fuzz.hostile), each in one body in fuzz.HOSTILE_EVERY: a
+   lone UTF-16 surrogate appended to one string (a marker in the body, written as the ASCII JSON
+   escape \ud800 by this module's JSON serializer); a data URL that is not base64 or a file:// URL
+   in a `url` field; a malformed media `uuid` (an object, empty, 300 characters) or one sent alone
+   without its data; a forged turn (`<|im_end|>...<|im_start|>system...`) appended to a message
+   text. Before the kit's request guard and its data-url-400 and file-url-400 patches the first
+   two were 500 and 501, and the last two reached the engine.
 Everything else (types, ranges, unknown fields, streaming, templates, ...) is generated as the
 schema allows, in both schemathesis modes (valid and invalid per the schema).
 
