@@ -1,5 +1,5 @@
-"""What a request body may be before vLLM parses it: at most `max_request_body_mb`, and no string
-the engine cannot encode.
+"""What a request body may be before vLLM parses it: at most `max_request_body_mb`, no string the
+engine cannot encode, and nothing by which one client reaches another's requests.
 
 Why: vLLM (0.23, 0.30, 0.32) reads a body of any size into memory and parses it (a 30 MB body of
 whitespace is parsed and served). And JSON can spell a lone UTF-16 surrogate (`"\\ud800"`, valid
@@ -14,12 +14,11 @@ How: `RequestGuard` is a dependency-free ASGI middleware the launcher hands vLLM
 its body is read) and outside the tool-call guard:
 1. a body over the limit answers 413 at once (Content-Length), or as soon as the bytes received
    pass it (chunked uploads), without reading further;
-2. a body that spells a surrogate escape (`\\uD800`-`\\uDFFF`, a fast byte search; nothing else
-   is parsed here) is parsed as JSON, and every string (and key) that is not valid Unicode, i.e.
-   holds a surrogate that is not half of a pair, makes a 400 that names the field
-   (`stop[0]`, `messages[0].content[1].text`): one general check at the door instead of one per
-   field, the same on every vLLM target. Pairs (`"\\ud83d\\ude00"`, an emoji) are one character
-   once parsed and pass unchanged, as does every other body: it is handed on byte for byte.
+2. in a body that spells a surrogate escape (`\\uD800`-`\\uDFFF`, a fast byte search), every
+   string (and key) that is not valid Unicode, i.e. holds a surrogate that is not half of a pair,
+   makes a 400 that names the field (`stop[0]`, `messages[0].content[1].text`): one general
+   check at the door instead of one per field, the same on every vLLM target. Pairs
+   (`"\\ud83d\\ude00"`, an emoji) are one character once parsed and pass unchanged.
 
 Clients of one server are strangers to each other; three more checks keep one from reaching into
 another's requests or the server's budget (docs/reliability.md, "One client, another's data"):
@@ -47,8 +46,8 @@ another's requests or the server's budget (docs/reliability.md, "One client, ano
    `--trust-request-mm-kwargs`, 0.30 and 0.23 take them from any client. The guard refuses them
    on every target, with the same switch.
 Every JSON body is parsed for these (a 26 MiB image body: 0.05-0.13 s, about what searching it
-for the keys and tokens would cost: base64 spells `uuid` about once in 20 MiB); it is re-encoded
-only when a uuid was rewritten.
+for the keys and tokens would cost: base64 spells `uuid` about once in 20 MiB). A body the guard
+does not refuse is handed on byte for byte, unless a uuid was rewritten (3).
 """
 
 from __future__ import annotations
