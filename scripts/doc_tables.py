@@ -51,6 +51,7 @@ TABLES: tuple[Table, ...] = (
     Table("features-table", ("docs/applications.md",), "minicpmv_ascend.tools.features:markdown"),
     Table("targets-table", ("docs/deploy-ascend.md",), "doc_tables:targets_markdown"),
     Table("access-tables", ("docs/reliability.md",), "minicpmv_ascend.server.access:markdown"),
+    Table("advisories", ("docs/reliability.md",), "minicpmv_ascend.tools.advisories:markdown"),
     Table("observability-rows", ("docs/observability.md",), "minicpmv_ascend.tools.observability:rows_markdown"),
     Table("observability-alerts", ("docs/observability.md",), "minicpmv_ascend.tools.observability:alerts_markdown"),
     Table("observability-metrics", ("docs/observability.md",), "minicpmv_ascend.tools.observability:metrics_markdown"),

@@ -6,4 +6,5 @@ itself (the runtime imports nothing from here; tests/test_architecture.py checks
     fuzz, fuzz_hooks                `make fuzz` / minicpmv-fuzz: schemathesis from the server's /openapi.json
     lifecycle                       start a server, wait until it is ready, stop it (the tests use it too)
     features, targets               the API feature table and the Ascend targets table, rendered for the docs
+    advisories                      the targets' vLLM security advisories and the kit's verdicts, for the docs
 """
