@@ -207,7 +207,6 @@ NEEDS_KEY: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions/render": ("POST",), "/v1/completions/render": ("POST",),
     "/v1/messages/render": ("POST",), "/v1/responses/render": ("POST",),
     "/v1/chat/completions/derender": ("POST",), "/v1/completions/derender": ("POST",),
-    "/inference/v1/generate": ("POST",),
 }
 
 

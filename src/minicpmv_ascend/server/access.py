@@ -106,6 +106,12 @@ ADMIN_ROUTES: tuple[AdminRoutes, ...] = (
                 "`--enable-fault-tolerance` (0.30+)"),
     AdminRoutes(("/inference/v1/abort_requests",), "abort any request (scale-out)",
                 "always, a 403 stub unless `--enable-scale-out` (0.32)"),
+    AdminRoutes(("/inference/v1/generate",),
+                "token-in, token-out generation for disaggregated serving: token ids and multimodal "
+                "features as the caller gives them (vLLM advisories GHSA-ph72-cqr5-qpp7, "
+                "GHSA-4xqp-c3mv-qff7: an engine crash, a stalled engine); no OpenAI client uses it",
+                "always on 0.23 (`serve/disagg`); with `--enable-scale-out` on 0.30 and 0.32 (0.32: a 403 "
+                "stub without it)"),
 )
 
 _ADMIN_PATTERNS = tuple(

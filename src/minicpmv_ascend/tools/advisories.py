@@ -74,6 +74,19 @@ def guard(why: str, setting: str, tests: tuple[str, ...]) -> Verdict:
     return Verdict("affected", "guard", why, setting=setting, tests=tests)
 
 
+# /inference/v1/generate is one of the access control's admin routes (src/minicpmv_ascend/server/access.py):
+# 403 unless enable_admin_routes. vLLM serves it on a plain start on 0.23 (serve/disagg/api_router.py,
+# attached whenever the model generates); on 0.30 only with --enable-scale-out, which the kit never passes
+# (vllm/entrypoints/scale_out/factories.py at 0.30.0).
+GENERATE_ROUTE_TESTS = (
+    "tests/test_access.py::test_every_route_of_vllms_app_needs_the_key_and_admin_routes_are_off",
+    "plugin/tests/server/test_target_access.py::test_every_route_of_the_targets_app_needs_the_key_and_admin_routes_are_off",
+)
+GENERATE_ROUTE_OFF = Verdict("affected", "setting", "/inference/v1/generate answers 403 unless "
+                             "`enable_admin_routes` (vLLM 0.23 serves it on a plain start)",
+                             setting="enable_admin_routes", tests=GENERATE_ROUTE_TESTS)
+
+
 def unreachable(why: str) -> Verdict:
     return Verdict("affected", "not reachable", why)
 
@@ -121,9 +134,10 @@ ADVISORIES: tuple[Advisory, ...] = (
         "https://github.com/vllm-project/vllm/security/advisories/GHSA-4xqp-c3mv-qff7",
         ("https://osv.dev/vulnerability/CVE-2026-114051",
          "https://raw.githubusercontent.com/CVEProject/cvelistV5/main/cves/2026/114xxx/CVE-2026-114051.json"),
-        _all(open_("the kit neither blocks /inference/v1/generate nor checks `min_tokens`; fix: answer that "
-                   "route 403 unless `enable_admin_routes` (the kit runs no scale-out) or refuse `min_tokens` "
-                   "without `max_tokens` in the guard"), (T23, T30))),
+        {T23: GENERATE_ROUTE_OFF,
+         T30: unreachable("vLLM 0.30 serves /inference/v1/generate only with --enable-scale-out, which the kit "
+                          "never passes; with it, the route still answers 403 unless `enable_admin_routes`"),
+         T32: NOT_AFFECTED}),
     Advisory(
         ("GHSA-p92p-rxj5-7p2x",),
         "a client-chosen multimodal `uuid` kills the engine (default configuration)",
@@ -211,16 +225,14 @@ ADVISORIES: tuple[Advisory, ...] = (
         "< 0.30.0", "0.30.0",
         "https://github.com/vllm-project/vllm/security/advisories/GHSA-ph72-cqr5-qpp7",
         ("https://osv.dev/vulnerability/CVE-2026-105754", "https://www.tenable.com/cve/CVE-2026-105754"),
-        _all(open_("the kit does not block /inference/v1/generate (whether 0.23 serves it on a plain start "
-                   "is not checked); fix: answer it 403 unless `enable_admin_routes`"))),
+        _all(GENERATE_ROUTE_OFF)),
     Advisory(
         ("PYSEC-2026-4353",),
         "inconsistent multimodal metadata on /inference/v1/generate crashes the engine",
         ">= 0.20.0, < 0.30.0", "0.30.0",
         "https://osv.dev/vulnerability/PYSEC-2026-4353",
         (),
-        _all(open_("as GHSA-ph72-cqr5-qpp7 (the crash site named is Qwen2.5-VL's positions; MiniCPM-V's "
-                   "were not checked)")),
+        _all(GENERATE_ROUTE_OFF),
         note="its GHSA and CVE ids are not shown in the entry read"),
     Advisory(
         ("GHSA-58v5-2m8f-94pr", "CVE-2026-105760"),
