@@ -102,6 +102,19 @@ def test_per_request_media_options_are_a_400_unless_trusted(field, value):
     assert request_guard.check_body(empty) == (None, empty)
 
 
+@pytest.mark.parametrize("fields, where", [({"chat_template": "{{ 'x' * 10**9 }}"}, "chat_template"),
+                                           ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}},
+                                            "chat_template_kwargs.chat_template")])
+def test_a_request_chat_template_is_a_400_unless_the_server_trusts_them(fields, where):
+    for body in (chat() | fields, {"model": "m", "input": "hi"} | fields):  # chat, and the Responses API
+        data = json.dumps(body).encode()
+        (field, message), _ = request_guard.check_body(data)
+        assert field == where and "--trust-request-chat-template" in message
+        assert request_guard.check_body(data, chat_templates_trusted=True) == (None, data)
+    data = json.dumps(chat(chat_template_kwargs={"enable_thinking": False})).encode()
+    assert request_guard.check_body(data) == (None, data)
+
+
 def test_special_tokens_are_read_from_the_tokenizer_files(tiny_config):
     tokens = request_guard.read_special_tokens(tiny_config)
     assert {"<|im_start|>", "<|im_end|>", "<|image_pad|>", "<image>", "<slice>"} <= tokens

@@ -20,7 +20,7 @@ its body is read) and outside the tool-call guard:
    check at the door instead of one per field, the same on every vLLM target. Pairs
    (`"\\ud83d\\ude00"`, an emoji) are one character once parsed and pass unchanged.
 
-Clients of one server are strangers to each other; three more checks keep one from reaching into
+Clients of one server are strangers to each other; four more checks keep one from reaching into
 another's requests or the server's budget (docs/reliability.md, "One client, another's data"):
 3. **Media uuids are private** (`media_uuids: private`, the default). vLLM keys its multimodal
    caches (processor, encoder, prefix) by the `uuid` a client gives a media part, server-wide: a
@@ -45,6 +45,11 @@ another's requests or the server's budget (docs/reliability.md, "One client, ano
    makes (`{"video": {"num_frames": -1}}` decodes every frame); vLLM >= 0.31 refuses them without
    `--trust-request-mm-kwargs`, 0.30 and 0.23 take them from any client. The guard refuses them
    on every target, with the same switch.
+6. **The chat template is the server's.** vLLM refuses a request's `chat_template` (or
+   `chat_template_kwargs.chat_template`) without `--trust-request-chat-template` on its chat
+   path only: the Responses API rendered one (PYSEC-2026-4349), without bound in time or size
+   (GHSA-542m-9234-8gvf), on 0.23 and 0.30. The guard refuses both fields on every route unless
+   vLLM was started with that flag (read from the app's `state.args`, as vLLM does).
 Every JSON body is parsed for these (a 26 MiB image body: 0.05-0.13 s, about what searching it
 for the keys and tokens would cost: base64 spells `uuid` about once in 20 MiB). A body the guard
 does not refuse is handed on byte for byte, unless a uuid was rewritten (3).
@@ -212,6 +217,18 @@ def mm_kwargs_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
                    f"trusted sets {MM_KWARGS_ENV}=true (vLLM's --trust-request-mm-kwargs)")
 
 
+def chat_template_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, message) for a request's own chat template (module docstring, 6)."""
+    kwargs = parsed.get("chat_template_kwargs")
+    field = ("chat_template" if parsed.get("chat_template") is not None
+             else "chat_template_kwargs.chat_template"
+             if isinstance(kwargs, dict) and kwargs.get("chat_template") is not None else None)
+    if field is None:
+        return None
+    return field, (f"`{field}`: a chat template is passed with the request, but this server renders its "
+                   "model's own template (vLLM's --trust-request-chat-template is not set). Leave it out")
+
+
 def read_special_tokens(model_dir: pathlib.Path) -> frozenset[str]:
     """The tokenizer's special added tokens: tokenizer.json's `added_tokens` and
     tokenizer_config.json's `added_tokens_decoder` whose `special` is true."""
@@ -243,7 +260,8 @@ def control_token_problem(parsed: dict[str, Any], pattern: re.Pattern[str] | Non
 
 
 def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens: re.Pattern[str] | None = None,
-               mm_kwargs_trusted: bool = False) -> tuple[tuple[str, str] | None, bytes]:
+               mm_kwargs_trusted: bool = False,
+               chat_templates_trusted: bool = False) -> tuple[tuple[str, str] | None, bytes]:
     """((field, message) or None, the body to hand on): the checks of the module docstring.
     `control_tokens`: the special tokens to refuse in rendered text (`token_pattern`), None: none."""
     try:
@@ -254,7 +272,8 @@ def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens:
         return problem, body
     if not isinstance(parsed, dict):
         return None, body
-    problem = None if mm_kwargs_trusted else mm_kwargs_problem(parsed)
+    problem = (None if mm_kwargs_trusted else mm_kwargs_problem(parsed)) or (
+        None if chat_templates_trusted else chat_template_problem(parsed))
     if problem:
         return problem, body
     problem, rewritten = uuid_problem(parsed, media_uuids)
@@ -303,8 +322,7 @@ class RequestGuard:
         app's `state.args`), read once; None where control tokens are allowed."""
         if not self._control_tokens_known:
             self._control_tokens_known = True
-            state = getattr(scope.get("app"), "state", None)
-            args = getattr(state, "args", None)
+            args = getattr(getattr(scope.get("app"), "state", None), "args", None)
             where = getattr(args, "tokenizer", None) or getattr(args, "model", None) or ""
             tokens = read_special_tokens(pathlib.Path(where)) if where else frozenset()
             if not tokens:
@@ -342,7 +360,9 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(parts)
-        problem, checked = check_body(body, self.media_uuids, self.control_token_pattern(scope), self.mm_kwargs_trusted)
+        args = getattr(getattr(scope.get("app"), "state", None), "args", None)
+        problem, checked = check_body(body, self.media_uuids, self.control_token_pattern(scope), self.mm_kwargs_trusted,
+                                      bool(getattr(args, "trust_request_chat_template", False)))
         if problem is not None:
             await _send_error(send, 400, "BadRequestError", problem[1], problem[0])
             return

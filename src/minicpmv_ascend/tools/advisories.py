@@ -70,7 +70,7 @@ class Verdict:
 NOT_AFFECTED = Verdict("not affected")
 
 
-def guard(why: str, setting: str, tests: tuple[str, ...]) -> Verdict:
+def guard(why: str, setting: str | None, tests: tuple[str, ...]) -> Verdict:
     return Verdict("affected", "guard", why, setting=setting, tests=tests)
 
 
@@ -85,6 +85,13 @@ GENERATE_ROUTE_TESTS = (
 GENERATE_ROUTE_OFF = Verdict("affected", "setting", "/inference/v1/generate answers 403 unless "
                              "`enable_admin_routes` (vLLM 0.23 serves it on a plain start)",
                              setting="enable_admin_routes", tests=GENERATE_ROUTE_TESTS)
+
+
+REQUEST_TEMPLATE_REFUSED = guard(
+    "a request's `chat_template` (top level or in `chat_template_kwargs`) is refused (400) on every route, "
+    "the Responses API included, unless vLLM is started with --trust-request-chat-template (vLLM's flag)",
+    None, ("tests/test_client_isolation.py::test_a_request_chat_template_is_a_400_unless_the_server_trusts_them",
+           TARGETS_GUARD_TEST))
 
 
 def unreachable(why: str) -> Verdict:
@@ -195,9 +202,7 @@ ADVISORIES: tuple[Advisory, ...] = (
         ">= 0.19.0, < 0.32.0", "0.32.0",
         "https://github.com/advisories/GHSA-542m-9234-8gvf",
         ("https://osv.dev/vulnerability/PYSEC-2026-4344", "https://www.tenable.com/plugins/cloud-security/477789"),
-        _all(open_("the kit sets no server `--chat-template` (the checkpoint's is used) and passes a "
-                   "request's `chat_template` on; fix: the guard refuses `chat_template` (top level and in "
-                   "`chat_template_kwargs`)"), (T23, T30))),
+        _all(REQUEST_TEMPLATE_REFUSED, (T23, T30))),
     Advisory(
         ("PYSEC-2026-4349",),
         "/v1/responses takes `chat_template_kwargs[chat_template]` past `trust_request_chat_template` "
@@ -205,8 +210,7 @@ ADVISORIES: tuple[Advisory, ...] = (
         ">= 0.16.0, < 0.32.0", "0.32.0",
         "https://osv.dev/vulnerability/PYSEC-2026-4349",
         (),
-        _all(open_("/v1/responses is served and `chat_template_kwargs` passes the kit; fix: as for "
-                   "GHSA-542m-9234-8gvf"), (T23, T30)),
+        _all(REQUEST_TEMPLATE_REFUSED, (T23, T30)),
         note="its GHSA and CVE ids are not shown in the entry read"),
     # --- fixed in 0.29.0 or 0.30.0: only 0.23 is in range ---------------------------------------
     Advisory(
