@@ -211,10 +211,10 @@ def mm_kwargs_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
     field = next((name for name in MM_KWARGS_FIELDS if parsed.get(name)), None)
     if field is None:
         return None
-    return field, (f"per-request `{field}` are refused by this server: they change how media is loaded and "
-                   "processed (how images are sliced, how many video frames are decoded), which one client "
-                   "must not decide for a shared server. Leave them out; an operator whose clients are all "
-                   f"trusted sets {MM_KWARGS_ENV}=true (vLLM's --trust-request-mm-kwargs)")
+    return field, (f"per-request `{field}` are refused unless the server runs with --trust-request-mm-kwargs "
+                   f"({MM_KWARGS_ENV}=true): they change how media is loaded and processed (how images are "
+                   "sliced, how many video frames are decoded), which one client must not decide for a shared "
+                   "server. Leave them out; only an operator whose clients are all trusted turns them on")
 
 
 def chat_template_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
@@ -266,8 +266,8 @@ def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens:
     `control_tokens`: the special tokens to refuse in rendered text (`token_pattern`), None: none."""
     try:
         parsed = json.loads(body)
-    except ValueError:
-        return None, body  # not JSON: vLLM answers it
+    except (ValueError, RecursionError):
+        return None, body  # not JSON, or nested past Python's parser: vLLM answers it (400)
     if SURROGATE_ESCAPE.search(body) and (problem := surrogate_problem(parsed)):
         return problem, body
     if not isinstance(parsed, dict):
