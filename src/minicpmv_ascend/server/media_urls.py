@@ -378,6 +378,13 @@ def _fetch(url: str, explicit_hosts: Iterable[str], deadline: _Deadline, max_byt
     raise MediaURLRefused(f"the {what} URL redirects more than {MAX_REDIRECTS} times")
 
 
+def max_bytes_for(media_io: Any) -> int:
+    """The body limit for one of vLLM's media IOs: `max_bytes_from_env`, never above the IO's own
+    `get_max_bytes` (vLLM >= 0.30)."""
+    get_max = getattr(media_io, "get_max_bytes", None)
+    return max_bytes_from_env(get_max() if get_max else None)
+
+
 def max_bytes_from_env(media_limit: int | None = None) -> int:
     """The body limit: VLLM_MAX_MEDIA_DOWNLOAD_SIZE_MB when the operator set it, else
     DEFAULT_MAX_BYTES; and never more than what vLLM's media loader accepts (`media_limit`)."""

@@ -56,14 +56,6 @@ def read_bounded(path: pathlib.Path, max_bytes: int) -> bytes:
     return data
 
 
-def max_bytes(media_io: Any) -> int:
-    """The media download bound (the kit's media_urls rule), never above the media IO's own."""
-    from minicpmv_ascend.server import media_urls
-
-    get_max = getattr(media_io, "get_max_bytes", None)  # vLLM >= 0.30
-    return media_urls.max_bytes_from_env(get_max() if get_max else None)
-
-
 def make_loader(original: Any) -> Any:
     @functools.wraps(original)
     def load_file_url(connector: Any, url_spec: Any, media_io: Any) -> Any:
@@ -72,7 +64,10 @@ def make_loader(original: Any) -> Any:
         path = _inside(connector, url_spec)
         if path is None:
             return original(connector, url_spec, media_io)  # outside: vLLM's own 400
-        return media_io.load_bytes(read_bounded(path, max_bytes(media_io)))  # = load_file, bounded
+        from minicpmv_ascend.server import media_urls
+
+        # = load_file, bounded as media downloads are
+        return media_io.load_bytes(read_bounded(path, media_urls.max_bytes_for(media_io)))
 
     return load_file_url
 

@@ -34,9 +34,8 @@ def _fetch(connector: Any, url: str, media_io: Any, fetch_timeout: Any) -> bytes
 
     from minicpmv_ascend.server import media_urls
 
-    get_max = getattr(media_io, "get_max_bytes", None)  # vLLM >= 0.30
     return media_urls.fetch(url, explicit_hosts=_public(connector) or (), timeout=fetch_timeout,
-                            max_bytes=media_urls.max_bytes_from_env(get_max() if get_max else None),
+                            max_bytes=media_urls.max_bytes_for(media_io),
                             allow_redirects=bool(envs.VLLM_MEDIA_URL_ALLOW_REDIRECTS), what=_what(media_io))
 
 
