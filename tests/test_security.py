@@ -49,7 +49,7 @@ from support.deploy import (
     pod_templates,
     server_container,
 )
-from support.images import png_bytes
+from support.images import png_bytes, png_claiming, video_frames_url
 from support.launcher import launcher_env, run_entrypoint
 from support.server import OTHER_SERVER_KEY, REPO, clean_env
 from support.slow_hosts import SLOW_PATHS, SlowHost
@@ -434,6 +434,29 @@ def test_local_files_are_bounded_like_downloads(guarded, files) -> None:
     fifo.unlink()
     assert request(guarded.base_url, "/health")[0] == 200
     assert image_chat(guarded, (media / "red.png").as_uri(), SECRET)[0] == 200
+
+
+@pytest.mark.server
+def test_media_past_the_pixel_budget_are_refused_before_decoding(guarded, files) -> None:
+    """A 150-frame 2048x2048 `video/jpeg` data URL (629 megapixels) is the request guard's 400 at
+    once, and the API server's peak memory does not move (vLLM alone decoded the 32 frames it keeps:
+    +2.1 GiB, then a 400 for the context length). An image by file:// whose header claims 144
+    megapixels is vLLM's own 400 at the same budget (the launcher sets VLLM_MAX_IMAGE_PIXELS from
+    max_media_megapixels; vLLM's default is 178,956,970)."""
+    claiming = files / "media" / "claims-144-megapixels.png"
+    claiming.write_bytes(base64.b64decode(png_claiming(12_000, 12_000).split(",", 1)[1]))
+    peak = peak_rss_mib(guarded.process.pid)
+    started = time.monotonic()
+    status, body = image_chat(guarded, video_frames_url(2048, 150), SECRET, "video_url")
+    print(f"\n150 frames: {status} in {time.monotonic() - started:.2f} s")
+    assert status == 400 and "629 megapixels" in body and "MAX_MEDIA_MEGAPIXELS" in body, (status, body)
+    status, body = image_chat(guarded, claiming.as_uri(), SECRET)
+    assert status == 400 and "exceed the maximum of 128000000 pixels" in body, (status, body)
+    rise = peak_rss_mib(guarded.process.pid) - peak
+    print(f"API server peak RSS rise: {rise:.0f} MiB")
+    assert rise < 300, rise
+    claiming.unlink()
+    assert image_chat(guarded, video_frames_url(64, 4), SECRET, "video_url")[0] == 200
 
 
 @pytest.mark.server

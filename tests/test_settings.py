@@ -186,6 +186,10 @@ def test_default_plan_argv_has_the_kits_flags_middleware_and_env_defaults(tiny_c
     assert {k: plan.env_defaults[k] for k in ("MEDIA_UUIDS", "ALLOW_CONTROL_TOKENS", "TRUST_REQUEST_MM_KWARGS")} == {
         "MEDIA_UUIDS": "private", "ALLOW_CONTROL_TOKENS": "false", "TRUST_REQUEST_MM_KWARGS": "false"}
     assert "--no-trust-request-mm-kwargs" in args  # vLLM 0.32 refuses them itself too
+    # One budget of decoded pixels: the guard's per request, vLLM's per image it fetches
+    assert (plan.env_defaults["MAX_MEDIA_MEGAPIXELS"], plan.env_defaults["VLLM_MAX_IMAGE_PIXELS"]) == ("128", "128000000")
+    smaller = plan_for(tiny_config, MAX_MEDIA_MEGAPIXELS="16")
+    assert (smaller.env_defaults["MAX_MEDIA_MEGAPIXELS"], smaller.env_defaults["VLLM_MAX_IMAGE_PIXELS"]) == ("16", "16000000")
 
 
 def test_trusting_media_options_reaches_the_guard_and_vllm_where_it_has_the_flag(tiny_config, monkeypatch):

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from support.images import noise_png_url, png_claiming, png_url
+from support.images import noise_png_url, png_claiming, png_url, video_frames_url
 
 MB = 2**20
 IMAGE_LIMIT = 5  # limit_mm_per_prompt image default (the settings table)
@@ -170,9 +170,15 @@ CASES: tuple[Case, ...] = (
          "served in ~2 s"),
     Case("image_decompression_bomb", "a PNG whose header says 14000x14000 (196 megapixels)",
          lambda model: chat(model, image_parts(png_claiming(14_000, 14_000))), 400,
-         "decompression bomb",
-         "Pillow refuses it before decoding; 400 with Pillow's reason and \"Downscale the image to at "
-         "most 178956970 pixels\" (plugin `image-bomb-400`; vLLM 0.32 alone: 500)"),
+         "megapixels per request",
+         "the request guard reads the header and refuses it, past the 128-megapixel budget per request, "
+         "before anything is decoded; fetched by URL, Pillow refuses it on open: 400 \"Downscale the image "
+         "to at most 178956970 pixels\" (plugin `image-bomb-400`; vLLM 0.32 alone: 500)"),
+    Case("video_frames_past_the_budget", "a `video/jpeg` data URL of 40 frames of 2048x2048 (168 megapixels)",
+         lambda model: chat(model, [{"type": "video_url", "video_url": {"url": video_frames_url(2048, 40)}},
+                                    {"type": "text", "text": "Hi"}]), 400, "megapixels per request",
+         "the request guard, from the frames' headers, before decoding (vLLM alone decodes the 32 frames "
+         "it keeps: up to 32 x 179 megapixels from one body; the 400 came after 2.1 GiB for 150 frames)"),
     Case("too_many_images", f"{IMAGE_LIMIT + 1} images (limit_mm_per_prompt image={IMAGE_LIMIT})",
          lambda model: chat(model, image_parts(*[png_url(32, 32)] * (IMAGE_LIMIT + 1))), 400,
          f"At most {IMAGE_LIMIT} image"),

@@ -53,6 +53,14 @@ def noise_png_url(side: int) -> str:
     return data_url(_encode(side, side, [os.urandom(side * 3) for _ in range(side)], level=0))
 
 
+@functools.cache
+def video_frames_url(side: int, frames: int) -> str:
+    """A `video/jpeg` data URL (vLLM's inline frame list) of `frames` solid side x side frames.
+    PNG frames: vLLM and Pillow read any image format there, and a solid PNG is a few KiB."""
+    frame = base64.b64encode(png_bytes(side, side)).decode()
+    return "data:video/jpeg;base64," + ",".join([frame] * frames)
+
+
 def png_claiming(width: int, height: int) -> str:
     """A 1x1 PNG whose header claims width x height: Pillow refuses it on open, before decoding
     (its decompression-bomb limit is 178,956,970 pixels), so the test costs nothing."""

@@ -20,7 +20,7 @@ its body is read) and outside the tool-call guard:
    check at the door instead of one per field, the same on every vLLM target. Pairs
    (`"\\ud83d\\ude00"`, an emoji) are one character once parsed and pass unchanged.
 
-Clients of one server are strangers to each other; four more checks keep one from reaching into
+Clients of one server are strangers to each other; five more checks keep one from reaching into
 another's requests or the server's budget (docs/reliability.md, "One client, another's data"):
 3. **Media uuids are private** (`media_uuids: private`, the default). vLLM keys its multimodal
    caches (processor, encoder, prefix) by the `uuid` a client gives a media part, server-wide: a
@@ -45,7 +45,14 @@ another's requests or the server's budget (docs/reliability.md, "One client, ano
    makes (`{"video": {"num_frames": -1}}` decodes every frame); vLLM >= 0.31 refuses them without
    `--trust-request-mm-kwargs`, 0.30 and 0.23 take them from any client. The guard refuses them
    on every target, with the same switch.
-6. **The chat template is the server's.** vLLM refuses a request's `chat_template` (or
+6. **Decoded media has a budget** (`max_media_megapixels`, 128). vLLM decodes every inline image
+   in full and every `video/jpeg` frame it keeps (32 by default: up to 32 x 179 megapixels, about
+   17 GB of pixels, from one 13 MiB body). The guard reads each inline image's and frame's size
+   from its header (Pillow's `Image.open` on the first bytes, nothing decoded) and sums them over
+   the request, every frame sent counted; past the budget the request is a 400 naming the part
+   that crossed it. Media fetched by URL is bounded one item at a time by the same number (the
+   launcher sets vLLM's `VLLM_MAX_IMAGE_PIXELS` to it).
+7. **The chat template is the server's.** vLLM refuses a request's `chat_template` (or
    `chat_template_kwargs.chat_template`) without `--trust-request-chat-template` on its chat
    path only: the Responses API rendered one (PYSEC-2026-4349), without bound in time or size
    (GHSA-542m-9234-8gvf), on 0.23 and 0.30. The guard refuses both fields on every route unless
@@ -57,12 +64,15 @@ does not refuse is handed on byte for byte, unless a uuid was rewritten (3).
 
 from __future__ import annotations
 
+import binascii
+import io
 import json
 import logging
 import os
 import pathlib
 import re
 import secrets
+import warnings
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any, Literal
 
@@ -85,6 +95,13 @@ CONTROL_TOKENS_ENV = "ALLOW_CONTROL_TOKENS"
 MM_KWARGS_ENV = "TRUST_REQUEST_MM_KWARGS"
 MM_KWARGS_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
 UUID_MAX_CHARS = 256
+PIXELS_ENV = "MAX_MEDIA_MEGAPIXELS"
+# 128 megapixels (384 MiB as RGB): five 25-megapixel photos, or 32 video frames of 2560x1440;
+# the model reads each image as a few 448x448 slices, so more pixels only cost memory and time.
+DEFAULT_MEGAPIXELS = 128
+# Base64 characters decoded to read an image's header: PNG's is in the first 33 bytes, JPEG's
+# frame header follows its metadata (EXIF with a thumbnail: tens of KiB); past this, all of it.
+HEADER_CHARS = 128 * 1024
 # Where media parts (and so uuids) are: chat messages (chat, /tokenize, /invocations, Anthropic's
 # /v1/messages), the Responses API's input, vLLM's token-in generate route.
 MEDIA_FIELDS = ("messages", "input", "content_parts")
@@ -103,6 +120,12 @@ def limit_from_env() -> int:
 def media_uuids_from_env() -> MediaUuids:
     """MEDIA_UUIDS (the launcher sets it): `shared`, else `private`."""
     return "shared" if os.environ.get(MEDIA_UUIDS_ENV, "").strip().lower() == "shared" else "private"
+
+
+def megapixels_from_env() -> int:
+    """The decoded-pixel budget per request, in megapixels (MAX_MEDIA_MEGAPIXELS, the launcher sets it)."""
+    configured = os.environ.get(PIXELS_ENV, "").strip()
+    return int(configured) if configured.isdigit() and int(configured) > 0 else DEFAULT_MEGAPIXELS
 
 
 def _flag_from_env(name: str) -> bool:
@@ -217,8 +240,59 @@ def mm_kwargs_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
                    "server. Leave them out; only an operator whose clients are all trusted turns them on")
 
 
+def image_pixels(encoded: str) -> int | None:
+    """Width x height from the header of a base64 image, nothing decoded; None where it is not one
+    Pillow reads (vLLM answers that with its own 400). Past Pillow's decompression-bomb limit: more
+    than the limit (Pillow refuses to say how much)."""
+    from PIL import Image
+
+    for chars in (encoded[:HEADER_CHARS // 4 * 4], encoded) if len(encoded) > HEADER_CHARS else (encoded,):
+        try:
+            with warnings.catch_warnings():  # the budget, not Pillow's warning, decides
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(binascii.a2b_base64(chars))) as image:
+                    return image.width * image.height
+        except Image.DecompressionBombError:
+            return 2 * (Image.MAX_IMAGE_PIXELS or 0) + 1
+        except (binascii.Error, OSError, ValueError, SyntaxError):
+            continue
+    return None
+
+
+def inline_media(parsed: dict[str, Any]) -> Iterator[tuple[str, str, list[str]]]:
+    """(path, media type, base64 items) for each medium sent inline: data: URLs (chat parts, the
+    Responses API's `image_url` string) and Anthropic's base64 `source`; a `video/jpeg` data URL is
+    its frames. Text parts are text, whatever they spell."""
+    for field in MEDIA_FIELDS:
+        for path, node in _nodes(parsed.get(field), field):
+            if isinstance(node, dict) and node.get("type") == "base64" and isinstance(node.get("data"), str):
+                yield f"{path}.data", str(node.get("media_type") or ""), [node["data"]]
+            elif isinstance(node, str) and node[:5].lower() == "data:" and not path.endswith(".text"):
+                spec, _, data = node[5:].partition(",")
+                media_type = spec.split(";")[0].lower()
+                yield path, media_type, data.split(",") if media_type == "video/jpeg" else [data]
+
+
+def pixels_problem(parsed: dict[str, Any], budget_megapixels: int) -> tuple[str, str] | None:
+    """(field, message) for the part whose inline media take the request past its decoded-pixel
+    budget (module docstring, 6)."""
+    total = 0
+    for path, media_type, items in inline_media(parsed):
+        if not (media_type.startswith("image/") or media_type == "video/jpeg"):
+            continue  # other video formats: vLLM's loader bounds them by its frame count
+        total += sum(image_pixels(item) or 0 for item in items)
+        if total > budget_megapixels * 1_000_000:
+            what = f"{len(items)} frames" if media_type == "video/jpeg" else "images"
+            return path, (f"`{path}`: the media this request sends decode to more than this server's budget of "
+                          f"{budget_megapixels} megapixels per request ({PIXELS_ENV}): {total / 1e6:.0f} megapixels "
+                          f"up to and including these {what}, every frame sent counted. Send smaller images or "
+                          "fewer frames: the model reads each image as a few 448x448 slices, so larger ones only "
+                          "cost the server memory")
+    return None
+
+
 def chat_template_problem(parsed: dict[str, Any]) -> tuple[str, str] | None:
-    """(field, message) for a request's own chat template (module docstring, 6)."""
+    """(field, message) for a request's own chat template (module docstring, 7)."""
     kwargs = parsed.get("chat_template_kwargs")
     field = ("chat_template" if parsed.get("chat_template") is not None
              else "chat_template_kwargs.chat_template"
@@ -260,8 +334,8 @@ def control_token_problem(parsed: dict[str, Any], pattern: re.Pattern[str] | Non
 
 
 def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens: re.Pattern[str] | None = None,
-               mm_kwargs_trusted: bool = False,
-               chat_templates_trusted: bool = False) -> tuple[tuple[str, str] | None, bytes]:
+               mm_kwargs_trusted: bool = False, chat_templates_trusted: bool = False,
+               budget_megapixels: int = DEFAULT_MEGAPIXELS) -> tuple[tuple[str, str] | None, bytes]:
     """((field, message) or None, the body to hand on): the checks of the module docstring.
     `control_tokens`: the special tokens to refuse in rendered text (`token_pattern`), None: none."""
     try:
@@ -277,7 +351,7 @@ def check_body(body: bytes, media_uuids: MediaUuids = "private", control_tokens:
     if problem:
         return problem, body
     problem, rewritten = uuid_problem(parsed, media_uuids)
-    problem = problem or control_token_problem(parsed, control_tokens)
+    problem = problem or control_token_problem(parsed, control_tokens) or pixels_problem(parsed, budget_megapixels)
     if problem or not rewritten:
         return problem, body
     return None, json.dumps(parsed, ensure_ascii=False).encode()
@@ -308,9 +382,10 @@ class RequestGuard:
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int | None = None,
                  media_uuids: MediaUuids | None = None, control_tokens: frozenset[str] | None = None,
-                 mm_kwargs_trusted: bool | None = None) -> None:
+                 mm_kwargs_trusted: bool | None = None, budget_megapixels: int | None = None) -> None:
         self.app = app
         self.limit = limit if limit is not None else limit_from_env()
+        self.budget_megapixels = budget_megapixels or megapixels_from_env()
         self.media_uuids = media_uuids or media_uuids_from_env()
         self.mm_kwargs_trusted = mm_kwargs_trusted_from_env() if mm_kwargs_trusted is None else mm_kwargs_trusted
         # control_tokens None: the served checkpoint's, read at the first request (unless allowed)
@@ -362,7 +437,8 @@ class RequestGuard:
         body = b"".join(parts)
         args = getattr(getattr(scope.get("app"), "state", None), "args", None)
         problem, checked = check_body(body, self.media_uuids, self.control_token_pattern(scope), self.mm_kwargs_trusted,
-                                      bool(getattr(args, "trust_request_chat_template", False)))
+                                      bool(getattr(args, "trust_request_chat_template", False)),
+                                      self.budget_megapixels)
         if problem is not None:
             await _send_error(send, 400, "BadRequestError", problem[1], problem[0])
             return

@@ -250,6 +250,9 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                                     request_guard.CONTROL_TOKENS_ENV: str(resolution["allow_control_tokens"]).lower(),
                                     request_guard.MM_KWARGS_ENV: str(resolution["trust_request_mm_kwargs"]).lower(),
                                     "MAX_IMAGE_ASPECT_RATIO": str(resolution["max_image_aspect_ratio"]),
+                                    request_guard.PIXELS_ENV: str(resolution["max_media_megapixels"]),
+                                    # the same bound for each image vLLM fetches (URL, file://)
+                                    "VLLM_MAX_IMAGE_PIXELS": str(resolution["max_media_megapixels"] * 1_000_000),
                                     # n sequences take n batch slots: n past max_num_seqs only queues
                                     # work behind itself (vLLM's own cap is 16384)
                                     "VLLM_MAX_N_SEQUENCES": str(effective["max_num_seqs"])}

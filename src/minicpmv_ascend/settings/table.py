@@ -258,6 +258,14 @@ SETTINGS: tuple[Setting, ...] = (
             "`{\"video\": {\"num_frames\": -1}}` lifted the frame cap). true only where every client is "
             "trusted; the parity prompts and bench cells that vary them need it.",
             emit="bool", flag="--trust-request-mm-kwargs"),
+    Setting("max_media_megapixels", Count, request_guard.DEFAULT_MEGAPIXELS,
+            "Most pixels one request's media may decode to, in megapixels: every inline image and "
+            "video/jpeg frame, sizes read from their headers before anything is decoded; past it a 400 "
+            "names the part. Also each image fetched by URL or file:// (vLLM's VLLM_MAX_IMAGE_PIXELS, "
+            "set to the same unless set). 128 (384 MiB as RGB): five 25-megapixel photos, 32 frames of "
+            "2560x1440; the model reads each image as a few 448x448 slices, so more pixels only cost "
+            "memory (docs/reliability.md, Hostile clients).",
+            emit="env", env_name=request_guard.PIXELS_ENV),
     Setting("api_key", str, "",
             "API key clients must send as `Authorization: Bearer ...`; reaches vLLM only "
             "through its environment, never its command line or logs.",
