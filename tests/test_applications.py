@@ -9,7 +9,7 @@ default settings but for image URLs: `ALLOWED_MEDIA_DOMAINS=public,127.0.0.1`).
   `tool_choice=auto` on the model's own output format: tests/test_tool_parsing.py.
 - Structured output with thinking on (reasoning first, then the constrained answer) and off, and
   which backend compiled it.
-- Forced calls within their tool's whole schema (issue 20): 56 answers of the random model through
+- Forced calls within their tool's whole schema: 56 answers of the random model through
   the guard and past it; the frameworks applications use (the openai client's `parse`, LangChain's
   `ChatOpenAI` from .venv-apps as a client process: tests/support/framework_client.py).
 
@@ -77,7 +77,7 @@ def reasoning_of(message: Any) -> str | None:
 
 def assert_runnable(call: ChatCompletionMessageToolCall) -> dict[str, Any]:
     """A call a client can run: a declared tool, JSON object arguments with every required field,
-    values from the schema's enums exactly as declared (the regression test of issue 20: vLLM's
+    values from the schema's enums exactly as declared (the regression test of the forced-call measurement: vLLM's
     grammar let whitespace surround a value, `" Paris\\r "`; the plugin's tightened grammar does not)."""
     assert isinstance(call, ChatCompletionMessageToolCall) and call.type == "function"
     name = call.function.name
@@ -277,7 +277,7 @@ def test_each_listed_feature_works_on_the_server(client, server, feature):
     CHECKS[feature.key](client, server)
 
 
-# The rows that also run against a MiniCPM-V 4.7 server (issue 24): those whose path 4.7 changes —
+# The rows that also run against a MiniCPM-V 4.7 server: those whose path 4.7 changes —
 # its chat template and per-request thinking switch (chat, streaming, usage), tool calls and
 # structured output after its reasoning (tools, structured), its processor and canvas M-RoPE
 # (image_data, video). The others are the server's own code, the same for both models, proven above.
@@ -444,7 +444,7 @@ def test_structured_output_is_compiled_by_xgrammar_with_the_whitespace_bound(cli
 
 
 # --------------------------------------------------------------------------------------------
-# Forced calls hold their whole schema: the measurement of issue 20
+# Forced calls hold their whole schema: the measurement
 # --------------------------------------------------------------------------------------------
 
 ADD = {"type": "function", "function": {
@@ -504,7 +504,7 @@ def schema_failures(answer: dict[str, Any], tools: list) -> list[str]:
 
 @pytest.mark.server
 def test_forced_calls_satisfy_their_whole_schema_with_and_without_the_guard(server):
-    """Issue 20's measurement: 56 forced answers of the random model (7 seeds x 2 tool sets x
+    """The measurement: 56 forced answers of the random model (7 seeds x 2 tool sets x
     required/named x stream/not), temperature 1, thinking off, each sent twice: through the kit's
     guard and past it (vLLM's raw answer). Every call satisfies its tool's JSON schema in both (the
     grammar carries it, not the filter), at least 45 answers of each hand out a call, and

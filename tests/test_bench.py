@@ -93,7 +93,7 @@ def test_endpoint_matrix_image_table_and_rooflines(server, tmp_path):
 
 @pytest.mark.server
 def test_endpoint_streamed_and_unstreamed_cells_of_several_image_sizes(server, tmp_path):
-    """The host-side cells (issue 16): one image of two sizes and a text cell, each streamed and
+    """The host-side cells: one image of two sizes and a text cell, each streamed and
     unstreamed (vLLM's client can only stream; bench_client sends stream: false). The server under
     test is found by its port, so its CPU time is not counted as contention."""
     out = tmp_path / "bench"

@@ -64,7 +64,7 @@ VLLM_TRANSFORMERS_REQUIREMENT = {
     "0.30.0": "transformers>=5.10.4",
     "0.32.0": "transformers<5.20.0,>=5.16.1",
 }
-# The Dockerfile before issue 11 (vllm-ascend v0.23.0, the unprotected MiniCPMV4_6Config check).
+# A Dockerfile of the kit's past (vllm-ascend v0.23.0, the unprotected MiniCPMV4_6Config check).
 DOCKERFILE_BEFORE = "0130bdc"
 
 
@@ -82,7 +82,7 @@ VLLMS = ["0.23.0", "0.23.0+empty", "0.30.0", "0.32.0", "0.33.1", "0.34.0", "1.0.
 
 
 def oracle(base: str | None, has_class: bool | list | None, vllm: str, spec: str, pin: str) -> str:
-    """The rule of issue 11, written independently with `packaging`."""
+    """The transformers decision's rule, written independently with `packaging`."""
     def usable(version: str | None, known_class: bool | list | None) -> bool:
         if version is None or known_class is False or (isinstance(known_class, list) and known_class):
             return False

@@ -272,7 +272,7 @@ def build_time_python_checks(path: pathlib.Path) -> list[str]:
 
 def test_cpu_image_build_checks_pass_in_the_environment_it_reproduces() -> None:
     """The CPU image is requirements/cpu.lock + this project, i.e. what `make venv` builds: its
-    build-time checks (plugin registered with vLLM) run here with this session's interpreter."""
+    build-time checks (plugin registered with vLLM) run here with the test run's interpreter."""
     checks = build_time_python_checks(DOCKERFILES["cpu"])
     assert any("vllm.general_plugins" in c and "minicpmv_ascend_plugin" in c for c in checks)
     assert (REPO / "plugin" / "minicpmv_ascend_plugin").is_dir(), "the plugin package the check names"

@@ -75,7 +75,7 @@ def test_a_release_candidate_is_a_pre_release_and_never_the_default() -> None:
 
 
 def test_a_target_without_a_venv_of_its_own_is_the_cpu_stacks_release() -> None:
-    """Option (b) of issue 24: v0.32.0rc1's vLLM (0.32.0) is the CPU stack's release, so .venv
+    """v0.32.0rc1's vLLM (0.32.0) is the CPU stack's release, so .venv
     holds its code; only such a target may name the CPU stack's lock."""
     for tag, target in TARGETS_TABLE["targets"].items():
         if targets.own_venv(target):

@@ -293,3 +293,44 @@ def test_the_front_doors_are_short_and_link_each_other() -> None:
     assert "README.zh-CN.md" in readme.splitlines()[0] and "README.md" in zh.splitlines()[0]
     first_block = readme.index("```bash")
     assert readme[:first_block].count("\n") < 60 and readme.index("## On Ascend") < readme.index("## On a CPU")
+
+
+# How a fact was found is history (git keeps it); a reader has neither the issue tracker nor the
+# machines the runs were made on. Upstream references keep their `#`: "vLLM issue #51562".
+MAKING = {
+    "an issue number of this project": re.compile(r"\b[Ii]ssues? \d+\b"),
+    "a work session": re.compile(r"\b(?:this|(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|"
+                                 r"eleventh|twelfth|[a-z]*teenth|[a-z]*tieth)) session\b|\bsession of 20\d\d\b", re.I),
+    "a path of the machine a run was made on": re.compile(r"/work/|/root/|<scratch>|<checkout>"),
+}
+# Text files: everything tracked but locks, images and this check's own patterns.
+WORDS_SKIP = re.compile(r"\.(lock|png|jpg|ico)$|^tests/test_docs\.py$")
+
+
+def making_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number, what, line) for each line that speaks of how the kit was made."""
+    return [(number, what, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+            for what, pattern in MAKING.items() if pattern.search(line)]
+
+
+def test_the_making_check_sees_a_planted_line() -> None:
+    planted = "Measured (issue 19, the twelfth session): `d=/work/ci3; git clone -q /work/main $d`."
+    assert [what for _, what, _ in making_lines(planted)] == list(MAKING)
+    upstream = "Since vLLM #51565 (the fix of vLLM issue #51562); every member of that process session."
+    assert making_lines(upstream) == []
+
+
+def test_no_file_speaks_of_how_it_was_made() -> None:
+    """Docs, comments, docstrings, requirements headers and test names state what is true now."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in tracked:
+        path = REPO / name
+        if WORDS_SKIP.search(name) or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{number}: {what}: {line[:100]}" for number, what, line in making_lines(text)]
+    assert not found, "\n".join(found)

@@ -6,7 +6,7 @@ named, the qwen3_coder format) as an xgrammar structural tag whose JSON-schema p
 two tokens, without end. That is where the random model loops (token 219, `\\r`, until max_tokens;
 vllm-project/vllm#38696). With the patch's compiler the ninth whitespace character in a row is
 refused, so the matcher forces the next structural token. The same wrapper tightens the forced
-call's tag (issue 20): no whitespace around an argument value (vLLM's grammar let `" Paris\\r "`
+call's tag: no whitespace around an argument value (vLLM's grammar let `" Paris\\r "`
 through for an enum of `Paris`), every rule of the tool's schema held, and a `required` call may end
 the answer. The server-level proof (forced calls and JSON schemas that end with random weights, 56
 forced answers within their schema): tests/test_applications.py.

@@ -1,4 +1,4 @@
-"""MiniCPM-V 4.7 served by the same kit (issue 24): the model declaration (src/minicpmv_ascend/
+"""MiniCPM-V 4.7 served by the same kit: the model declaration (src/minicpmv_ascend/
 common/models.py) against the plugin, transformers and vLLM; what the launcher derives from a
 checkpoint's `model_type`; its refusal on a vLLM without 4.7; the placeholder ids of vLLM 0.32's
 4.7 processor against transformers' own 4.7 processor; the shared 4.7 server's name and canvas

@@ -174,7 +174,7 @@ def test_builtin_prompt_set_passes_hf_fp32_vs_vllm_bf16(tmp_path, tiny_checkpoin
 
 @pytest.mark.server
 def test_minicpmv47_hf_fp32_vs_vllm_bf16_passes(tmp_path, tiny_checkpoint_47, server_47):
-    """MiniCPM-V 4.7 (issue 24): transformers' own 4.7 model (canvas M-RoPE on every image) against
+    """MiniCPM-V 4.7: transformers' own 4.7 model (canvas M-RoPE on every image) against
     the 4.7 server, the default-option prompts (4x's placeholder ids are proven in
     tests/test_minicpmv47.py, its numerics on the same towers by the 4.6 set). Measured once by hand: the same checkpoint
     without `mrope_mode` in config.json (vLLM then places image tokens sequentially) fails the image

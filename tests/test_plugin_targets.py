@@ -4,7 +4,7 @@
 Each target's vLLM code runs the plugin's tests in its own venv (`make test`: plugin/tests once per
 target, from the target's `test_lock`), except a target whose vLLM release is the CPU stack's
 (`test_lock: requirements/cpu.lock`, v0.32.0rc1): .venv holds that code, and tests/test_plugin.py
-with the server tests prove the plugin there (issue 24, option b: no third target venv). These
+with the server tests prove the plugin there (no third target venv). These
 tests keep the locks, the Makefile and the generated "patch x vLLM" table (plugin/README.md,
 docs/deploy-ascend.md) in line with the targets table, and check the table's CPU-stack column
 against this venv's own plugin decisions (each other target's column is checked in its own venv

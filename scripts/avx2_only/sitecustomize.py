@@ -1,5 +1,5 @@
 """Run Python as on an x86 CPU with AVX2 but no AVX-512, AVX-512 BF16 or AMX: a way to measure, on a
-faster machine, what the suite costs on the slowest machine CI may give it (issue 19; such a CPU runs
+faster machine, what the suite costs on the slowest machine CI may give it (such a CPU runs
 torch's bf16 matmul at ~1 GFLOP/s against ~40 in fp32).
 
     PYTHONPATH=$PWD/scripts/avx2_only ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 make test

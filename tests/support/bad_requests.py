@@ -190,7 +190,7 @@ CASES: tuple[Case, ...] = (
          lambda model: chat(model, [{"type": "input_audio", "input_audio": {
              "data": base64.b64encode(b"RIFF").decode(), "format": "wav"}},
              {"type": "text", "text": "Hi"}]), 400, "At most 0 audio"),
-    # ---- issue 21: what vLLM alone answered with a 5xx
+    # ---- what vLLM alone answered with a 5xx
     Case("data_url_not_base64", "image data URL that is not base64 (`data:image/png,%89PNG%0D%0A...`)",
          lambda model: chat(model, image_parts("data:image/png,%89PNG%0D%0A%1A%0A")), 400,
          "only base64 data URLs", "plugin `data-url-400`; vLLM alone: 501 NotImplementedError"),

@@ -1,7 +1,7 @@
 """What a session fixture makes, made once per run however many pytest-xdist workers ask for it: the
 tiny checkpoints and config, the rendered Kubernetes objects. Each worker is a session of its own,
 so a plain session fixture runs once per worker: 3-10 CPU-seconds each time, spent twice by
-`make check` and `make test` (issue 19)."""
+`make check` and `make test`."""
 
 from __future__ import annotations
 

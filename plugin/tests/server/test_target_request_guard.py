@@ -1,6 +1,6 @@
 """The kit's request guard (minicpmv_ascend.server.request_guard, the launcher's `--middleware`; not a
 plugin patch) on the target's own code: the bug is there (the engine client's msgpack encoder
-cannot encode a lone surrogate: the 500 of issue 21), and the target's app, built with the
+cannot encode a lone surrogate: vLLM alone answers 500), and the target's app, built with the
 middleware by its own frontend parser, answers such a body 400 naming the field, streamed or not,
 while an escaped surrogate pair gets past the guard to the handler; per-request media options, a
 malformed media uuid, a control token in message text and a request's own chat template (on the

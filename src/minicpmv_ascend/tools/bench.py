@@ -596,7 +596,7 @@ def _compile_cache_state(log_text: str) -> str:
 
 
 # Milestones of a vLLM start, in the order they happen, each the first log line matching: the
-# start-up breakdown (issue 16) reads their timestamps (vLLM logs whole seconds) against the start.
+# start-up breakdown reads their timestamps (vLLM logs whole seconds) against the start.
 STARTUP_MILESTONES = (
     ("vllm_imported", r"\(APIServer pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)"),  # first line of vLLM's
     ("config_resolved", r"Resolved architecture"),

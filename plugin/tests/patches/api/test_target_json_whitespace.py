@@ -8,7 +8,7 @@ forced tool call (`tool_choice=required` through the launcher's default parsers,
 structured-output request; key and compile as the engine does, `get_structured_output_key` ->
 `compile_grammar`). Without the plugin each grammar allows whitespace without end where the
 random model loops (vllm-project/vllm#38696); with it, at most json_whitespace.MAX_WHITESPACE in
-a row. The forced call's schema (issue 20): on 0.30's structural tag vLLM lets whitespace surround
+a row. The forced call's schema: on 0.30's structural tag vLLM lets whitespace surround
 an argument value (`" Paris\\r "` for an enum of `Paris`) and text follow a `required` call; the
 plugin's tightened tag refuses both. 0.23 forces calls through the JSON-schema path, which holds
 the schema itself. tests/test_json_whitespace.py shows the same on vLLM 0.32's grammars, and
