@@ -182,7 +182,7 @@ PATCH_CHECK_STAMP := $(filter-out $(PLUGIN_STAMPS),$(PATCH_CHECK:%=.venv-%/.inst
 
 # A target whose lock is the first target's but for the vllm line (vllm023.lock and vllm030.lock:
 # the same 96 packages besides vLLM) gets a hard-linked copy of the first target's venv with its
-# own vLLM swapped in: ~9 s instead of ~50 CPU-seconds of pip (docs/development.md, "Measured").
+# own vLLM swapped in: ~9 s instead of ~50 CPU-seconds of pip.
 # pip replaces vLLM by unlinking and writing files, never in place, and sed -i writes new files, so
 # the first venv is untouched; the paths its scripts and pyvenv.cfg name are rewritten to the copy's.
 # (A filesystem without hard links gets a plain copy.)
