@@ -10,7 +10,7 @@
 #   minicpm-v-4.7           (minicpmv4_7)           OpenBMB/MiniCPM-V-4.7-1B  (needs the v0.32.0rc1 target)
 # MODEL_DIR (argument, or env MODEL_DIR; default ./models) receives the repository's last name, e.g.
 # MiniCPM-V-4.6-Thinking/: mount MODEL_DIR at /models and set MODEL_PATH=/models/MiniCPM-V-4.6-Thinking
-# (as compose.yaml and env/ascend-*.env do). Per-file progress bars are shown; an interrupted
+# (as compose.yaml and env/ascend.env do). Per-file progress bars are shown; an interrupted
 # download resumes when run again. Needs the `modelscope` CLI (`pip install modelscope`; the
 # vllm-ascend image has it).
 #

@@ -125,7 +125,7 @@ def test_without_the_plugin_vllm_refuses_every_url_in_public_mode():
 
 
 # --------------------------------------------------------------------------------------------
-# One deadline for the whole fetch, against real slow hosts on loopback (tests/slow_hosts.py)
+# One deadline for the whole fetch, against real slow hosts on loopback (tests/support/slow_hosts.py)
 # --------------------------------------------------------------------------------------------
 
 DEADLINE_S = 1.0  # short here; the server's are vLLM's (5 s image, 30 s video)
