@@ -227,8 +227,10 @@ def test_47_image_placeholders_equal_transformers_47_processor(tiny_checkpoint_4
 @pytest.mark.server
 def test_47_server_serves_under_its_models_name_and_places_images_on_the_canvas(server_47):
     """The launcher named it (no SERVED_MODEL_NAME set); vLLM computed canvas M-RoPE positions for
-    the images the feature rows sent (it logs a warning for each request where it falls back to
-    sequential positions)."""
+    the images the feature rows sent: it logs a warning for each request where the canvas is on but
+    its inputs fall back to sequential positions. A config without the canvas field turns the canvas
+    off silently, with no log line at all: that the launcher never lets happen
+    (tests/test_minicpmv47_release.py); the parity tool's image rows are the end-to-end proof."""
     import openai
 
     status, body = http_get(f"{server_47.base_url}/v1/models")

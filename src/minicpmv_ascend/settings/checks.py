@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from minicpmv_ascend import vllm_source
-from minicpmv_ascend.common.models import Model, version_tuple
+from minicpmv_ascend.common.models import Model, is_moe_id, model_for_id, version_tuple
 from minicpmv_ascend.settings.layers import Resolution, normalise_flag
 from minicpmv_ascend.settings.platform import (
     ASCEND_CONTROL_DEVICES,
@@ -122,6 +122,96 @@ def check_model_in_vllm(resolution: Resolution, served: Model) -> None:
                 f"{served.vllm_min}; this vLLM ({vllm_source.version()}) has no "
                 f"model_executor/models/{served.model_type}.py",
                 f"serve it on {where}, or point {fix_where(setting, model)} at a model this vLLM has")
+
+
+def check_text_tower(resolution: Resolution, served: Model, config: Mapping[str, Any]) -> None:
+    """vLLM builds the declared text tower (dense Qwen3.5) for every MiniCPM-V 4.6 / 4.7 checkpoint
+    whatever its text config says: another one (4.7's MoE, `qwen3_5_moe_text`) would fail to load
+    its weights or, worse, load into the wrong layers."""
+    text_type = (config.get("text_config") or {}).get("model_type")
+    if text_type is None or text_type == served.text_model_type:
+        return
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    what = "a mixture-of-experts text model" if "moe" in str(text_type) else "another text model"
+    raise error(setting, model,
+                f"its config.json has text_config.model_type {text_type!r}, {what}: vLLM "
+                f"{vllm_source.version()} serves {served.name} only with the dense {served.text_model_type!r} "
+                "tower (its MiniCPM-V class always builds Qwen3_5ForCausalLM), so it cannot serve this checkpoint",
+                f"serve a dense {served.name} checkpoint (e.g. {served.modelscope_id}) by pointing "
+                f"{fix_where(setting, model)} at it; a MoE {served.name} needs a vLLM whose MiniCPM-V model "
+                "code builds a MoE text tower")
+
+
+def check_hub_id(resolution: Resolution, model_id: str, notes: list[str]) -> None:
+    """A hub id is downloaded by vLLM after the launcher has handed over: no config.json to read
+    before. What its name says is checked instead: a MoE is refused (check_text_tower's reason), a
+    declared model's version needs its vLLM (check_model_in_vllm), and a name of a declared family
+    that is not its declared download is served as that model with a note."""
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    declared, exact = model_for_id(model_id)
+    if declared is None:
+        return
+    if is_moe_id(model_id):
+        raise error(setting, model,
+                    f"{model_id} names a mixture-of-experts {declared.name}: vLLM "
+                    f"{vllm_source.version()} serves {declared.name} only with the dense "
+                    f"{declared.text_model_type!r} text tower (its MiniCPM-V class always builds "
+                    "Qwen3_5ForCausalLM)",
+                    f"serve the dense {declared.modelscope_id} ({fix_where(setting, model)}); a MoE "
+                    f"{declared.name} needs a vLLM whose MiniCPM-V model code builds a MoE text tower")
+    check_model_in_vllm(resolution, declared)
+    if not exact:
+        notes.append(f"{model_id} is not the declared download of {declared.name} "
+                     f"({declared.modelscope_id}): served as {declared.name} from its name; its "
+                     "config.json is checked only by vLLM, after the download (download it first "
+                     "and point MODEL_PATH at the directory for the launcher's checks)")
+
+
+# vLLM >= 0.32 places 4.7's image tokens on the slice canvas (3D M-RoPE) only when the config says
+# so: `uses_mrope_canvas` true or an `mrope_mode` containing "canvas"
+# (model_executor/models/minicpmv4_7.py, `_init_canvas_mrope`); otherwise every image gets
+# sequential positions and vLLM logs nothing. transformers' 4.7 (the reference the model was
+# trained and released with) always computes canvas positions (`get_rope_index`) and its
+# MiniCPMV4_7Config defines neither field, so a released config.json may well lack both.
+CANVAS_FIELDS = ("uses_mrope_canvas", "mrope_mode")
+CANVAS_OVERRIDE = {"mrope_mode": "canvas"}
+
+
+def says_canvas(config: Mapping[str, Any]) -> bool:
+    """vLLM's own test of a config for canvas positions (`_init_canvas_mrope`)."""
+    mode = config.get("mrope_mode")
+    return bool(config.get("uses_mrope_canvas")) or (mode is not None and "canvas" in str(mode).lower())
+
+
+def canvas_overrides(resolution: Resolution, served: Model, config: Mapping[str, Any] | None,
+                     notes: list[str]) -> dict[str, Any]:
+    """The hf_overrides vLLM gets: the operator's, plus `mrope_mode: canvas` for a canvas model
+    whose config.json (None: a hub id, not seen before the download) names neither field, so that
+    vLLM positions images as transformers does. A config.json that names a field and says
+    sequential is refused: the release then says something the reference code does not do, and
+    the operator decides (HF_OVERRIDES naming the field is that decision, and is kept)."""
+    operator = dict(resolution["hf_overrides"])
+    if not served.canvas_mrope or any(field in operator for field in CANVAS_FIELDS):
+        return operator
+    seen = config if config is not None else {}
+    if says_canvas(seen):
+        return operator
+    named = {field: seen[field] for field in CANVAS_FIELDS if field in seen}
+    if named:
+        setting, value = SETTINGS_BY_NAME["hf_overrides"], resolution.values["hf_overrides"]
+        shown = ", ".join(f"{k}: {json.dumps(v)}" for k, v in named.items())
+        raise error(setting, value,
+                    f"the checkpoint's config.json says {shown}: vLLM would place {served.name}'s image "
+                    "tokens at sequential positions, while transformers' reference code always places "
+                    "them on the slice canvas (3D M-RoPE)",
+                    f"set {fix_where(setting, value)} to {json.dumps({**operator, **CANVAS_OVERRIDE})} to "
+                    "serve canvas positions as transformers does, or to "
+                    f"{json.dumps({**operator, **named})} to keep the checkpoint's choice")
+    where = "its config.json names" if config is not None else "its config.json is not seen before the download; assumed to name"
+    notes.append(f"hf_overrides adds {json.dumps(CANVAS_OVERRIDE)}: {served.name} is trained with canvas "
+                 f"M-RoPE and {where} neither {' nor '.join(CANVAS_FIELDS)}, without which vLLM places "
+                 "image tokens at sequential positions, silently (transformers always uses the canvas)")
+    return {**operator, **CANVAS_OVERRIDE}
 
 
 _DEVICES_SEEN = {
