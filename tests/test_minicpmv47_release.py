@@ -16,8 +16,8 @@ import pytest
 
 from minicpmv_ascend import vllm_source
 from minicpmv_ascend.common.models import MODELS, is_moe_id, model_for_id
+from minicpmv_ascend.common.release_shape import CANVAS_OVERRIDE, says_canvas
 from minicpmv_ascend.settings import ConfigError, build_plan, resolve
-from minicpmv_ascend.settings.checks import CANVAS_OVERRIDE, says_canvas
 from support.launcher import copy_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -179,3 +179,109 @@ def test_the_launcher_exits_2_on_a_moe_hub_id_before_loading(tmp_path):
                              text=True, timeout=120, env=env, cwd=tmp_path)
     assert process.returncode == 2, process.stdout + process.stderr
     assert "mixture-of-experts" in process.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# What the release carries: downsample_mode, processor classes, the chat template
+# --------------------------------------------------------------------------------------------
+
+VERIFY = REPO / "scripts" / "verify_model_dir.py"
+
+
+def verify(model_dir: pathlib.Path) -> tuple[int, dict]:
+    from support.server import clean_env
+
+    result = subprocess.run([sys.executable, str(VERIFY), str(model_dir), "--json"], capture_output=True,
+                            text=True, timeout=60, env=clean_env())
+    return result.returncode, json.loads(result.stdout)
+
+
+def edit_json(path: pathlib.Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def edit_template(model_dir: pathlib.Path, old: str, new: str) -> None:
+    path = model_dir / "chat_template.jinja"
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+
+
+def refusal(model_dir: pathlib.Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        plan_for(model_dir)
+    assert info.value.key == "model_path" and "not servable as MiniCPM-V 4.7" in info.value.why
+    return info.value.why
+
+
+def shape_notes(model_dir: pathlib.Path) -> list[str]:
+    return [n for n in plan_for(model_dir).notes if "release shape" in n]
+
+
+def test_the_kits_47_checkpoint_has_the_release_shape_it_checks(tiny_config_47):
+    assert shape_notes(tiny_config_47) == []
+    code, report = verify(tiny_config_47)
+    assert code == 0 and report["warnings"] == [] and report["not_servable"] == []
+
+
+def test_downsample_mode_unknown_is_exit_2_missing_is_a_warning(tiny_config_47, tmp_path):
+    bad = copy_checkpoint(tiny_config_47, tmp_path / "bad")
+    edit_json(bad / "config.json", lambda c: c.update(downsample_mode="8x"))
+    assert 'downsample_mode "8x": the processor knows only 16x and 4x' in refusal(bad)
+    code, report = verify(bad)
+    assert code == 4 and "downsample_mode" in report["not_servable"][0]
+    absent = copy_checkpoint(tiny_config_47, tmp_path / "absent")
+    edit_json(absent / "config.json", lambda c: c.pop("downsample_mode"))
+    assert ["no downsample_mode" in n for n in shape_notes(absent)] == [True]
+    code, report = verify(absent)
+    assert code == 0 and ["no downsample_mode" in w for w in report["warnings"]] == [True]
+
+
+def test_processor_classes_against_the_installed_transformers(tiny_config_47, tmp_path):
+    """The upstream draft's MiniCPMV4_7ImageProcessor: this transformers (5.19) has no such class,
+    and AutoProcessor then fails ("Unrecognized image processor"): exit 2 in the launcher; the host's
+    check, without transformers, warns that it differs from what the kit's transformers maps."""
+    draft = copy_checkpoint(tiny_config_47, tmp_path / "draft")
+    edit_json(draft / "processor_config.json",
+              lambda p: p["image_processor"].update(image_processor_type="MiniCPMV4_7ImageProcessor"))
+    assert "image_processor_type MiniCPMV4_7ImageProcessor, which this transformers has not" in refusal(draft)
+    code, report = verify(draft)
+    assert code == 0 and report["warnings"] == [
+        "the processor config names image_processor_type MiniCPMV4_7ImageProcessor where the kit's "
+        "transformers maps minicpmv4_7 to MiniCPMV4_6ImageProcessor"]
+    # a class this transformers has, other than the declared one: served, with the note
+    pil = copy_checkpoint(tiny_config_47, tmp_path / "pil")
+    edit_json(pil / "processor_config.json",
+              lambda p: p["image_processor"].update(image_processor_type="MiniCPMV4_6ImageProcessorPil"))
+    assert ["MiniCPMV4_6ImageProcessorPil" in n for n in shape_notes(pil)] == [True]
+
+
+def test_a_template_without_the_thinking_switch_is_a_warning(tiny_config_47, tmp_path):
+    fixed = copy_checkpoint(tiny_config_47, tmp_path / "fixed")
+    edit_template(fixed, "enable_thinking is defined and enable_thinking is false", "false")
+    notes = shape_notes(fixed)
+    assert len(notes) == 1 and "with enable_thinking false" in notes[0] and "not switched off" in notes[0]
+    code, report = verify(fixed)
+    assert code == 0 and ["never reads enable_thinking" in w for w in report["warnings"]] == [True]
+
+
+def test_a_template_with_another_tool_call_format_is_a_warning(tiny_config_47, tmp_path):
+    other = copy_checkpoint(tiny_config_47, tmp_path / "other")
+    edit_template(other, "'<tool_call>\\n<function=' + call.name + '>\\n'",
+                  "'<tool_call>\\n{\"name\": \"' + call.name + '\"}\\n'")
+    notes = shape_notes(other)
+    assert len(notes) == 1 and "not qwen3_coder's" in notes[0] and '{"name": "get_weather"}' in notes[0]
+    # the template still mentions the format in its tools prompt: the host's text check cannot tell
+    assert verify(other)[0] == 0
+
+
+def test_a_template_that_fails_to_render_or_is_missing_is_exit_2(tiny_config_47, tmp_path):
+    broken = copy_checkpoint(tiny_config_47, tmp_path / "broken")
+    (broken / "chat_template.jinja").write_text("{{ raise_exception('unsupported role') }}")
+    assert "does not render a conversation with a tool call" in refusal(broken)
+    none = copy_checkpoint(tiny_config_47, tmp_path / "none")
+    (none / "chat_template.jinja").unlink()
+    assert "no chat template" in refusal(none)
+    code, report = verify(none)
+    assert code == 4 and "no chat template" in report["not_servable"][0]

@@ -22,6 +22,7 @@ Model = namedtuple("Model", [
     "thinking_switch",       # True: one checkpoint, thinking on or off per request
     "canvas_mrope",          # True: canvas 3D M-RoPE (config.json carries the layout token ids)
     "text_model_type",       # config.json `text_config.model_type`: the only text tower vLLM builds
+    "processor_classes",     # (processor, image processor, video processor) transformers maps it to
     "modelscope_id",         # the default download (scripts/download_weights.sh)
     "sources",               # where the facts above come from
 ])
@@ -40,6 +41,7 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         thinking_switch=False,
         canvas_mrope=False,
         text_model_type="qwen3_5_text",
+        processor_classes=("MiniCPMV4_6Processor", "MiniCPMV4_6ImageProcessor", "MiniCPMV4_6VideoProcessor"),
         modelscope_id="OpenBMB/MiniCPM-V-4.6-Thinking",
         sources="docs/design/model.md",
     ),
@@ -54,6 +56,9 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         thinking_switch=True,
         canvas_mrope=True,
         text_model_type="qwen3_5_text",
+        # transformers 5.19 maps minicpmv4_7 to 4.6's image and video processors (its auto
+        # mappings); an upstream draft has MiniCPMV4_7ImageProcessor / VideoProcessor instead.
+        processor_classes=("MiniCPMV4_7Processor", "MiniCPMV4_6ImageProcessor", "MiniCPMV4_6VideoProcessor"),
         modelscope_id="OpenBMB/MiniCPM-V-4.7-1B",
         sources=("transformers 5.18.0 is the first wheel with models/minicpmv4_7 (5.17.0 has none); "
                  "vLLM 0.32.0's sdist is the first with model_executor/models/minicpmv4_7.py (0.31.0 has "

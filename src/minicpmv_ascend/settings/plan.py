@@ -232,6 +232,7 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     if config:  # a checkpoint directory's: its model must be in this vLLM
         checks.check_model_in_vllm(resolution, served)
         checks.check_text_tower(resolution, served, config)
+        checks.check_release_shape(resolution, model_dir, config, served, notes)
     elif model_dir is None:  # a hub id: what its name says, before vLLM downloads it
         checks.check_hub_id(resolution, model, notes)
     checks.check_devices(resolution, platform, environ, dev_dir)
