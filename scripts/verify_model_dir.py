@@ -8,16 +8,21 @@ of this repository (it imports the package's src/ beside it, like healthcheck/pr
 package is installed (the images). It judges a directory with the server's own start-up check
 (`minicpmv_ascend.common.model_files.checkpoint_problems`: config, tokenizer and processor files,
 every weight shard named in the index, safetensors headers against file sizes). On top, it says
-whether config.json describes MiniCPM-V 4.6, and warns when the files are not readable by the
-container's user (UID 1000), as happens after a download under `umask 077`.
+which declared MiniCPM-V config.json describes, warns when the files are not readable by the
+container's user (UID 1000), as happens after a download under `umask 077`, and, for a complete
+MiniCPM-V 4.7, checks what the release carries (`minicpmv_ascend.common.release_shape`, the
+launcher's check too): the canvas M-RoPE field, `downsample_mode`, the processor classes and the
+chat template's thinking switch and tool-call format, read as text (the launcher's dry run also
+renders the template and asks the image's transformers).
 
 --wait SECONDS: check again every SECONDS until the directory is complete (a missing directory
 counts as "not downloaded yet"), printing what is still missing whenever that changes; the server's
 init container runs this while the download Job fills the volume.
 
 Exit status (distinct on purpose: Python itself exits 1 on any crash, so 1 never means "incomplete"):
-  0  complete
+  0  complete (warnings, if any, on stderr)
   3  incomplete or damaged (one line per problem on stderr): download again, it resumes
+  4  complete, but not servable as its model (one line per problem): the launcher refuses it too
   2  usage error (bad arguments, not a directory, an interpreter older than 3.7)
   1  an unexpected error of this script (a traceback), not a verdict on the directory
 
@@ -34,7 +39,7 @@ import sys
 import time
 
 MIN_PYTHON = (3, 7)
-EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+EXIT_OK, EXIT_CRASH, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_NOT_SERVABLE = 0, 1, 2, 3, 4
 # Who reads the weights in the container (the image's user; compose and Kubernetes run it so).
 CONTAINER_UID = 1000
 WAIT_REPEAT_S = 300  # while waiting, repeat an unchanged status this often (a sign of life in logs)
@@ -49,10 +54,12 @@ if __name__ == "__main__" and sys.version_info < MIN_PYTHON:
 try:
     from minicpmv_ascend.common.model_files import checkpoint_problems
     from minicpmv_ascend.common.models import MODELS, model_for_config
+    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings
 except ImportError:  # a checkout where the package is not installed: its src/
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "src"))
     from minicpmv_ascend.common.model_files import checkpoint_problems
     from minicpmv_ascend.common.models import MODELS, model_for_config
+    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings
 
 # Every declared model's architecture (common/models.py: one declaration per model).
 EXPECTED_ARCHITECTURES = tuple(m.architecture for m in MODELS.values())
@@ -95,6 +102,20 @@ def unreadable_for_container(model_dir, uid=CONTAINER_UID):
             if info.st_uid != uid and info.st_mode & need != need:
                 bad.append(path)
     return bad
+
+
+def release_shape(model_dir):
+    """(errors, warnings) about what a complete checkpoint of a declared model carries."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [], []
+    model = model_for_config(config) if isinstance(config, dict) else None
+    if model is None:
+        return [], []
+    errors, warnings = canvas_findings(config, model)
+    more_errors, more_warnings = shape_findings(model_dir, config, model)
+    return errors + more_errors, warnings + more_warnings
 
 
 def verdict(model_dir, must_exist):
@@ -168,22 +189,29 @@ def main(argv=None):
     if problems is None:
         print("verify_model_dir: {} is not a directory".format(model_dir), file=sys.stderr)
         return EXIT_USAGE
+    not_servable = []
+    if not problems:
+        not_servable, shape_warnings = release_shape(model_dir)
+        warnings += shape_warnings
 
     if args.json:
         report = {"model_dir": str(model_dir), "complete": not problems, "problems": problems,
-                  "warnings": warnings}
+                  "not_servable": not_servable, "warnings": warnings}
         report.update(facts)
         print(json.dumps(report))
     else:
-        for problem in problems:
+        for problem in problems + not_servable:
             print("verify_model_dir: {}: {}".format(model_dir, problem), file=sys.stderr)
         for warning in warnings:
             print("verify_model_dir: warning: {}".format(warning), file=sys.stderr)
         if not problems:
-            print("{}: complete ({} weight file(s), {:.2f} GiB; architectures {}, dtype {})".format(
+            print("{}: complete ({} weight file(s), {:.2f} GiB; architectures {}, dtype {}){}".format(
                 model_dir, facts["weight_files"], facts["weight_bytes"] / 2**30,
-                facts.get("architectures") or [], facts.get("dtype")))
-    return EXIT_INCOMPLETE if problems else EXIT_OK
+                facts.get("architectures") or [], facts.get("dtype"),
+                "; NOT servable as its model" if not_servable else ""))
+    if problems:
+        return EXIT_INCOMPLETE
+    return EXIT_NOT_SERVABLE if not_servable else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -37,24 +37,37 @@ def tiny_checkpoint_47(tmp_path_factory) -> pathlib.Path:
                 lambda out: generate(out, "tiny", seed=0, model_type="minicpmv4_7"))
 
 
+def _config_only(model_type: str):
+    """A checkpoint's files without weights (below), for `model_type`."""
+    from minicpmv_ascend import checkpoint
+
+    def make(out: pathlib.Path) -> None:
+        out.mkdir()
+        tokenizer = checkpoint.build_tokenizer(out)
+        checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer, model_type).save_pretrained(out)
+        checkpoint.save_processor(out, tokenizer, model_type)
+        checkpoint.write_generation_config(out, tokenizer)
+        header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
+        (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_config(tmp_path_factory) -> pathlib.Path:
     """`tiny_checkpoint` without its weights: the same config.json, tokenizer, processor and
     generation config, and a weights file holding no tensors. It is all that the settings, the
     launcher's checks and the scripts read, made in seconds without torch generating weights,
     so unit tests use it (test_checkpoint.py keeps it equal to the real one's files)."""
-    from minicpmv_ascend import checkpoint
+    from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE
 
-    def make(out: pathlib.Path) -> None:
-        out.mkdir()
-        tokenizer = checkpoint.build_tokenizer(out)
-        checkpoint.build_config(checkpoint.PRESETS["tiny"], tokenizer).save_pretrained(out)
-        checkpoint.save_processor(out, tokenizer)
-        checkpoint.write_generation_config(out, tokenizer)
-        header = b"{}"  # a safetensors file: 8-byte header length, then the (empty) JSON header
-        (out / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return once(tmp_path_factory, "minicpmv46-tiny-config", _config_only(DEFAULT_MODEL_TYPE))
 
-    return once(tmp_path_factory, "minicpmv46-tiny-config", make)
+
+@pytest.fixture(scope="session")
+def tiny_config_47(tmp_path_factory) -> pathlib.Path:
+    """`tiny_checkpoint_47` without its weights (as `tiny_config` is for 4.6)."""
+    return once(tmp_path_factory, "minicpmv47-tiny-config", _config_only("minicpmv4_7"))
 
 
 @pytest.fixture(scope="session")

@@ -125,13 +125,13 @@ def test_download_names_are_the_declared_models() -> None:
 
 
 @pytest.mark.parametrize("how", ["--model", "--model=", "MODEL", "model_type"])
-def test_download_takes_the_model_by_name(fake_modelscope, tiny_config, tmp_path, how) -> None:
+def test_download_takes_the_model_by_name(fake_modelscope, tiny_config_47, tmp_path, how) -> None:
     """MiniCPM-V 4.7 by name (flag, flag=, env, model_type): its repository lands in its own
-    directory and verifies complete (a 4.7 config.json: verify_model_dir knows every model)."""
+    directory and verifies complete (the kit's 4.7 checkpoint: verify_model_dir knows every model)."""
     from minicpmv_ascend.common import models
 
     model = models.MODELS["minicpmv4_7"]
-    source = as_minicpmv47(tiny_config, tmp_path / "source")
+    source = shutil.copytree(tiny_config_47, tmp_path / "source")
     env = dict(PATH=f"{fake_modelscope.parent}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable,
                FAKE_MODELSCOPE_LOG=str(fake_modelscope.parent / "args.json"), FAKE_MODELSCOPE_SOURCE=str(source))
     argv = {"--model": ["--model", model.served_model_name], "--model=": [f"--model={model.served_model_name}"],
@@ -239,21 +239,12 @@ def test_verify_warns_about_another_model(tiny_config, tmp_path) -> None:
     assert "none of MiniCPMV4_6ForConditionalGeneration, MiniCPMV4_7ForConditionalGeneration" in result.stderr
 
 
-def as_minicpmv47(checkpoint: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
-    """A copy of the tiny 4.6 checkpoint whose config.json says MiniCPM-V 4.7 (what the host-side
-    check reads: model_type and architectures; the weights' layout is not its business)."""
-    shutil.copytree(checkpoint, dest)
-    config = json.loads((dest / "config.json").read_text())
-    config.update(model_type="minicpmv4_7", architectures=["MiniCPMV4_7ForConditionalGeneration"])
-    (dest / "config.json").write_text(json.dumps(config))
-    return dest
-
-
-def test_verify_accepts_every_declared_model(tiny_config, tmp_path) -> None:
-    """EXPECTED_ARCHITECTURES is common/models.py's: a 4.7 config.json verifies without a warning."""
+def test_verify_accepts_every_declared_model(tiny_config_47) -> None:
+    """EXPECTED_ARCHITECTURES is common/models.py's: the kit's 4.7 checkpoint verifies without a
+    warning (what a 4.7 release is checked for: tests/test_minicpmv47_release.py)."""
     from minicpmv_ascend.common import models
 
-    result = verify(str(as_minicpmv47(tiny_config, tmp_path / "m47")), "--json")
+    result = verify(str(tiny_config_47), "--json")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     report = json.loads(result.stdout)
     assert report["model"] == models.MODELS["minicpmv4_7"].name and report["warnings"] == []

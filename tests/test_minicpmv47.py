@@ -144,6 +144,11 @@ def test_a_47_checkpoint_on_a_vllm_without_47_stops_before_loading_naming_the_ta
     assert "this vLLM (0.30.0) has no model_executor/models/minicpmv4_7.py" in process.stderr
     for target in targets_with_vllm(M47.vllm_min):
         assert target in process.stderr
+    # a 4.7 hub id too, judged by its name before vLLM would download it
+    hub = subprocess.run([str(VLLM030), str(REPO / "entrypoint.py"), "--dry-run"], capture_output=True, text=True,
+                         timeout=120, env={**env, "MODEL_PATH": M47.modelscope_id, "VLLM_USE_MODELSCOPE": "true"},
+                         cwd=tmp_path)
+    assert hub.returncode == 2 and "this vLLM (0.30.0) has no model_executor/models/minicpmv4_7.py" in hub.stderr
     # and the same checkpoint on this venv's vLLM (0.32) passes the same dry run
     ok = subprocess.run([sys.executable, str(REPO / "entrypoint.py"), "--dry-run"], capture_output=True,
                         text=True, timeout=120, env=env, cwd=tmp_path)
@@ -227,8 +232,10 @@ def test_47_image_placeholders_equal_transformers_47_processor(tiny_checkpoint_4
 @pytest.mark.server
 def test_47_server_serves_under_its_models_name_and_places_images_on_the_canvas(server_47):
     """The launcher named it (no SERVED_MODEL_NAME set); vLLM computed canvas M-RoPE positions for
-    the images the feature rows sent (it logs a warning for each request where it falls back to
-    sequential positions)."""
+    the images the feature rows sent: it logs a warning for each request where the canvas is on but
+    its inputs fall back to sequential positions. A config without the canvas field turns the canvas
+    off silently, with no log line at all: that the launcher never lets happen
+    (tests/test_minicpmv47_release.py); the parity tool's image rows are the end-to-end proof."""
     import openai
 
     status, body = http_get(f"{server_47.base_url}/v1/models")
@@ -248,8 +255,8 @@ def test_47_server_serves_under_its_models_name_and_places_images_on_the_canvas(
 # CPU column): gdn-state-dtype (a config hook: installed for both architectures) and
 # vit-varlen-attention (wraps 4.6's `get_vision_hidden_states`, which 4.7 inherits) apply; the
 # processing backports (processor-version, image-size-order, vit-merger-flags, max-slice-nums) are
-# not needed on 0.32, for either model; rotary-mrope is for Ascend, and 4.7's config has the
-# `mrope_section` it would add. plugin/README.md, "MiniCPM-V 4.7".
+# not needed on 0.32, for either model; rotary-mrope is for Ascend, and the kit's 4.7 config has
+# the `mrope_section` it would add (the release's is open). plugin/README.md, "MiniCPM-V 4.7".
 REACH_47 = """
 import json, os
 import minicpmv_ascend_plugin as plugin

@@ -511,14 +511,13 @@ def build_model(config, preset: Preset, seed: int):
 
 def save_processor(out_dir: pathlib.Path, tokenizer, model_type: str = DEFAULT_MODEL_TYPE) -> None:
     import transformers
-    from transformers import MiniCPMV4_6ImageProcessor, MiniCPMV4_6VideoProcessor
 
     # The released model's defaults: 448 px base resolution, up to 9 slices, 16x downsampling. 4.7
     # keeps 4.6's image and video processors (transformers' auto mappings name them for minicpmv4_7).
-    processor_class = MODELS[model_type].transformers_config.replace("Config", "Processor")
+    processor_class, image_class, video_class = MODELS[model_type].processor_classes
     processor = getattr(transformers, processor_class)(
-        image_processor=MiniCPMV4_6ImageProcessor(),
-        video_processor=MiniCPMV4_6VideoProcessor(),
+        image_processor=getattr(transformers, image_class)(),
+        video_processor=getattr(transformers, video_class)(),
         tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,
     )

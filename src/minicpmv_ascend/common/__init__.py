@@ -8,4 +8,6 @@ library and nothing else of this package, and use no syntax or library call newe
     http        the one HTTP client (bounded time per request, one-line errors)
     api_key     the one API-key reader (VLLM_API_KEY or the file API_KEY_FILE names)
     model_files is a checkpoint directory complete?
+    models      the declared MiniCPM-V models
+    release_shape what a released 4.7 carries beyond complete files (canvas field, template, ...)
 """

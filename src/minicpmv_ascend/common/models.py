@@ -8,6 +8,7 @@ Standard library, Python 3.7 (scripts/verify_model_dir.py runs on an Ascend host
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, namedtuple
 
 Model = namedtuple("Model", [
@@ -20,6 +21,8 @@ Model = namedtuple("Model", [
     "served_model_name",     # the `model` clients send, by default
     "thinking_switch",       # True: one checkpoint, thinking on or off per request
     "canvas_mrope",          # True: canvas 3D M-RoPE (config.json carries the layout token ids)
+    "text_model_type",       # config.json `text_config.model_type`: the only text tower vLLM builds
+    "processor_classes",     # (processor, image processor, video processor) transformers maps it to
     "modelscope_id",         # the default download (scripts/download_weights.sh)
     "sources",               # where the facts above come from
 ])
@@ -37,6 +40,8 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         # reasoning. The Instruct checkpoint (OpenBMB/MiniCPM-V-4.6) is a separate download.
         thinking_switch=False,
         canvas_mrope=False,
+        text_model_type="qwen3_5_text",
+        processor_classes=("MiniCPMV4_6Processor", "MiniCPMV4_6ImageProcessor", "MiniCPMV4_6VideoProcessor"),
         modelscope_id="OpenBMB/MiniCPM-V-4.6-Thinking",
         sources="docs/design/model.md",
     ),
@@ -50,6 +55,10 @@ MODELS = OrderedDict((m.model_type, m) for m in (
         served_model_name="minicpm-v-4.7",
         thinking_switch=True,
         canvas_mrope=True,
+        text_model_type="qwen3_5_text",
+        # transformers 5.19 maps minicpmv4_7 to 4.6's image and video processors (its auto
+        # mappings); an upstream draft has MiniCPMV4_7ImageProcessor / VideoProcessor instead.
+        processor_classes=("MiniCPMV4_7Processor", "MiniCPMV4_6ImageProcessor", "MiniCPMV4_6VideoProcessor"),
         modelscope_id="OpenBMB/MiniCPM-V-4.7-1B",
         sources=("transformers 5.18.0 is the first wheel with models/minicpmv4_7 (5.17.0 has none); "
                  "vLLM 0.32.0's sdist is the first with model_executor/models/minicpmv4_7.py (0.31.0 has "
@@ -64,6 +73,13 @@ MODELS = OrderedDict((m.model_type, m) for m in (
     ),
 ))
 DEFAULT_MODEL_TYPE = "minicpmv4_6"
+
+# vLLM's 4.6 class (which 4.7 subclasses) builds the dense Qwen3_5ForCausalLM whatever the text
+# config says (vllm/model_executor/models/minicpmv4_6.py, vLLM 0.32): a checkpoint with another
+# text tower, such as 4.7's MoE (MiniCPM-V-4.7-35B-A3B, `qwen3_5_moe_text`), is no model it serves.
+# A hub id names a MoE by its active parameters ("-A3B"), as OpenBMB and Qwen name them.
+_MOE_ID = re.compile(r"-a\d+(\.\d+)?b(?![a-z0-9])")
+_FAMILY_ID = re.compile(r"minicpm-?v-?(\d+)[._](\d+)(?![0-9])")
 
 
 def model_for_config(config):
@@ -93,3 +109,28 @@ def version_tuple(version):
         if digits != piece:
             break
     return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _family(text):
+    """'OpenBMB/MiniCPM-V-4.7-1B' or 'MiniCPM-V 4.7' -> '4.7'; None when it names no version."""
+    match = _FAMILY_ID.search(str(text).lower().replace(" ", "-"))
+    return "{}.{}".format(*match.groups()) if match else None
+
+
+def model_for_id(model_id):
+    """(declared model, is it that model's declared download) for a hub id, or (None, False) when
+    it names no declared MiniCPM-V version: 'OpenBMB/MiniCPM-V-4.7-1B' -> (4.7, True),
+    'openbmb/MiniCPM-V-4.7' -> (4.7, False). Before the download no config.json says more."""
+    for model in MODELS.values():
+        if model.modelscope_id.lower() == str(model_id).lower():
+            return model, True
+    family = _family(str(model_id).rpartition("/")[2])
+    for model in MODELS.values():
+        if family is not None and family == _family(model.name):
+            return model, False
+    return None, False
+
+
+def is_moe_id(model_id):
+    """Whether a hub id names a mixture-of-experts model by its active parameters ('-35B-A3B')."""
+    return _MOE_ID.search(str(model_id).rpartition("/")[2].lower()) is not None

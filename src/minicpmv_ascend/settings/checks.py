@@ -10,6 +10,7 @@ scripts/verify_model_dir.py).
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import pathlib
@@ -18,7 +19,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from minicpmv_ascend import vllm_source
-from minicpmv_ascend.common.models import Model, version_tuple
+from minicpmv_ascend.common.models import Model, is_moe_id, model_for_id, version_tuple
+from minicpmv_ascend.common.release_shape import (
+    CANVAS_FIELDS,
+    CANVAS_OVERRIDE,
+    PROCESSOR_KEYS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    chat_template,
+    processor_classes,
+    says_canvas,
+    shape_findings,
+)
 from minicpmv_ascend.settings.layers import Resolution, normalise_flag
 from minicpmv_ascend.settings.platform import (
     ASCEND_CONTROL_DEVICES,
@@ -122,6 +134,175 @@ def check_model_in_vllm(resolution: Resolution, served: Model) -> None:
                 f"{served.vllm_min}; this vLLM ({vllm_source.version()}) has no "
                 f"model_executor/models/{served.model_type}.py",
                 f"serve it on {where}, or point {fix_where(setting, model)} at a model this vLLM has")
+
+
+def check_text_tower(resolution: Resolution, served: Model, config: Mapping[str, Any]) -> None:
+    """vLLM builds the declared text tower (dense Qwen3.5) for every MiniCPM-V 4.6 / 4.7 checkpoint
+    whatever its text config says: another one (4.7's MoE, `qwen3_5_moe_text`) would fail to load
+    its weights or, worse, load into the wrong layers."""
+    text_type = (config.get("text_config") or {}).get("model_type")
+    if text_type is None or text_type == served.text_model_type:
+        return
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    what = "a mixture-of-experts text model" if "moe" in str(text_type) else "another text model"
+    raise error(setting, model,
+                f"its config.json has text_config.model_type {text_type!r}, {what}: vLLM "
+                f"{vllm_source.version()} serves {served.name} only with the dense {served.text_model_type!r} "
+                "tower (its MiniCPM-V class always builds Qwen3_5ForCausalLM), so it cannot serve this checkpoint",
+                f"serve a dense {served.name} checkpoint (e.g. {served.modelscope_id}) by pointing "
+                f"{fix_where(setting, model)} at it; a MoE {served.name} needs a vLLM whose MiniCPM-V model "
+                "code builds a MoE text tower")
+
+
+def check_hub_id(resolution: Resolution, model_id: str, notes: list[str]) -> None:
+    """A hub id is downloaded by vLLM after the launcher has handed over: no config.json to read
+    before. What its name says is checked instead: a MoE is refused (check_text_tower's reason), a
+    declared model's version needs its vLLM (check_model_in_vllm), and a name of a declared family
+    that is not its declared download is served as that model with a note."""
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    declared, exact = model_for_id(model_id)
+    if declared is None:
+        return
+    if is_moe_id(model_id):
+        raise error(setting, model,
+                    f"{model_id} names a mixture-of-experts {declared.name}: vLLM "
+                    f"{vllm_source.version()} serves {declared.name} only with the dense "
+                    f"{declared.text_model_type!r} text tower (its MiniCPM-V class always builds "
+                    "Qwen3_5ForCausalLM)",
+                    f"serve the dense {declared.modelscope_id} ({fix_where(setting, model)}); a MoE "
+                    f"{declared.name} needs a vLLM whose MiniCPM-V model code builds a MoE text tower")
+    check_model_in_vllm(resolution, declared)
+    if not exact:
+        notes.append(f"{model_id} is not the declared download of {declared.name} "
+                     f"({declared.modelscope_id}): served as {declared.name} from its name; its "
+                     "config.json is checked only by vLLM, after the download (download it first "
+                     "and point MODEL_PATH at the directory for the launcher's checks)")
+
+
+def canvas_overrides(resolution: Resolution, served: Model, config: Mapping[str, Any] | None,
+                     notes: list[str]) -> dict[str, Any]:
+    """The hf_overrides vLLM gets: the operator's, plus `mrope_mode: canvas` for a canvas model
+    whose config.json (None: a hub id, not seen before the download) names neither field, so that
+    vLLM positions images as transformers does. A config.json that names a field and says
+    sequential is refused: the release then says something the reference code does not do, and
+    the operator decides (HF_OVERRIDES naming the field is that decision, and is kept)."""
+    operator = dict(resolution["hf_overrides"])
+    if not served.canvas_mrope or any(field in operator for field in CANVAS_FIELDS):
+        return operator
+    seen = config if config is not None else {}
+    if says_canvas(seen):
+        return operator
+    named = {field: seen[field] for field in CANVAS_FIELDS if field in seen}
+    if named:
+        setting, value = SETTINGS_BY_NAME["hf_overrides"], resolution.values["hf_overrides"]
+        shown = ", ".join(f"{k}: {json.dumps(v)}" for k, v in named.items())
+        raise error(setting, value,
+                    f"the checkpoint's config.json says {shown}: vLLM would place {served.name}'s image "
+                    "tokens at sequential positions, while transformers' reference code always places "
+                    "them on the slice canvas (3D M-RoPE)",
+                    f"set {fix_where(setting, value)} to {json.dumps({**operator, **CANVAS_OVERRIDE})} to "
+                    "serve canvas positions as transformers does, or to "
+                    f"{json.dumps({**operator, **named})} to keep the checkpoint's choice")
+    where = "its config.json names" if config is not None else "its config.json is not seen before the download; assumed to name"
+    notes.append(f"hf_overrides adds {json.dumps(CANVAS_OVERRIDE)}: {served.name} is trained with canvas "
+                 f"M-RoPE and {where} neither {' nor '.join(CANVAS_FIELDS)}, without which vLLM places "
+                 "image tokens at sequential positions, silently (transformers always uses the canvas)")
+    return {**operator, **CANVAS_OVERRIDE}
+
+
+def transformers_has_class(name: str) -> bool | None:
+    """Whether the installed transformers has a processor class by this name, read from its files
+    (importing it takes seconds): a class in one of its models' processing modules, where its
+    auto classes find a processor config's class names. None when transformers is absent here."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    models = pathlib.Path(next(iter(spec.submodule_search_locations))) / "models"
+    return any(f"class {name}(" in f.read_text(encoding="utf-8")
+               for pattern in ("*/processing_*.py", "*/image_processing_*.py", "*/video_processing_*.py")
+               for f in models.glob(pattern))
+
+
+# A conversation that shows the template's switch and tool-call format: a tool call in the history
+# (how the model learnt to write one) and a new question.
+_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}}}
+_CONVERSATION = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "user", "content": "And now?"},
+]
+
+
+def render_template(template: str, enable_thinking: bool) -> str:
+    """The template rendered as vLLM renders it (transformers' renderer), with the generation prompt."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template([_CONVERSATION], tools=[_TOOL], chat_template=template,
+                                        add_generation_prompt=True, enable_thinking=enable_thinking)
+    return rendered[0]
+
+
+def template_findings(template: str, source: str) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of rendering the chat template: it must render (else every chat request
+    fails); thinking on leaves a <think> block open at the prompt's end and off closes one, as the
+    reasoning parser expects; the history's tool call comes out in qwen3_coder's format."""
+    import jinja2
+
+    try:
+        on, off = render_template(template, True), render_template(template, False)
+    # what a template raises (its raise_exception, an undefined name, a syntax error) or a Python
+    # error inside it: vLLM would answer every chat request so
+    except (jinja2.TemplateError, ValueError, TypeError, KeyError, AttributeError, IndexError) as err:
+        return [f"the chat template in {source} does not render a conversation with a tool call "
+                f"({type(err).__name__}: {err})"], []
+    warnings = []
+    tail_on, tail_off = on.rpartition("assistant")[2], off.rpartition("assistant")[2]
+    if not (tail_on.rstrip().endswith(THINK_OPEN) and THINK_CLOSE not in tail_on):
+        warnings.append(f"with enable_thinking true the chat template in {source} ends the prompt with "
+                        f"{tail_on[-40:]!r}, not an open {THINK_OPEN} block: the reasoning parser would take "
+                        "the answer's start for reasoning or miss it")
+    if THINK_CLOSE not in tail_off:
+        warnings.append(f"with enable_thinking false the chat template in {source} ends the prompt with "
+                        f"{tail_off[-40:]!r}, no closed {THINK_CLOSE} block: thinking is not switched off")
+    call = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>"
+    if call not in on:
+        start = on.find("get_weather", on.find("</tools>") + 1)
+        warnings.append(f"the chat template in {source} writes the history's tool call as "
+                        f"{on[max(start - 40, 0):start + 60]!r}, not qwen3_coder's {call!r}: calls would come "
+                        "back as text unless TOOL_CALL_PARSER matches the template's format")
+    return [], warnings
+
+
+def check_release_shape(resolution: Resolution, model_dir: pathlib.Path, config: Mapping[str, Any],
+                        served: Model, notes: list[str]) -> None:
+    """What a released 4.7 carries (common.release_shape, shared with verify_model_dir), plus what
+    only the server's environment can judge: the processor classes against the installed
+    transformers, and the chat template rendered. Errors are one ConfigError; warnings go into the
+    plan's notes."""
+    if not served.canvas_mrope:
+        return
+    errors, warnings = shape_findings(model_dir, config, served)
+    named = processor_classes(model_dir)
+    for key in PROCESSOR_KEYS:
+        name = named.get(key)
+        if name and transformers_has_class(name) is False:
+            errors.append(f"the processor config names {key} {name}, which this transformers has not: "
+                          "vLLM would fail to load the processor")
+    template, source = chat_template(model_dir)
+    if template is not None:
+        template_errors, template_warnings = template_findings(template, source)
+        errors += template_errors
+        warnings = [w for w in warnings if "chat template" not in w] + template_warnings
+    if errors:
+        setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+        raise error(setting, model, f"{model_dir} is not servable as {served.name}: {'; '.join(errors)}",
+                    "fix the checkpoint's files (or download the release again), or serve it with a "
+                    "transformers and vLLM that know it; scripts/verify_model_dir.py lists the same")
+    notes.extend(f"{served.name} release shape: {w}" for w in warnings)
 
 
 _DEVICES_SEEN = {

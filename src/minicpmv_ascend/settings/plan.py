@@ -17,7 +17,7 @@ from typing import Any
 from minicpmv_ascend import vllm_source
 from minicpmv_ascend.common.api_key import ApiKeyError, read_api_key
 from minicpmv_ascend.common.model_files import checkpoint_problems
-from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE, MODELS, Model, model_for_config
+from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE, MODELS, Model, model_for_config, model_for_id
 from minicpmv_ascend.server import access, media_urls, request_guard
 from minicpmv_ascend.settings import checks
 from minicpmv_ascend.settings.layers import Resolution
@@ -100,12 +100,12 @@ def _locate_model(resolution: Resolution, environ: Mapping[str, str]) -> tuple[s
                 "a model id such as OpenBMB/MiniCPM-V-4.6-Thinking")
 
 
-def _served_model(model: str, config: Mapping[str, Any]) -> Model:
-    """The declared model of a checkpoint's config.json; for a ModelScope id without one, the model
-    whose download it is; else the default (4.6)."""
+def _served_model(model: str, config: Mapping[str, Any], hub_id: bool) -> Model:
+    """The declared model of a checkpoint's config.json; for a ModelScope id (no config.json yet),
+    the model whose download or family it names; else the default (4.6)."""
     declared = model_for_config(dict(config))
-    if declared is None:
-        declared = next((m for m in MODELS.values() if m.modelscope_id.lower() == model.lower()), None)
+    if declared is None and hub_id:
+        declared = model_for_id(model)[0]
     return declared or MODELS[DEFAULT_MODEL_TYPE]
 
 
@@ -228,9 +228,13 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
                      "generates it (checks against its config.json run then)")
     else:
         notes.append(f"{model} is a ModelScope model id: vLLM downloads it (checkpoint checks skipped)")
-    served = _served_model(model, config)
+    served = _served_model(model, config, model_dir is None)
     if config:  # a checkpoint directory's: its model must be in this vLLM
         checks.check_model_in_vllm(resolution, served)
+        checks.check_text_tower(resolution, served, config)
+        checks.check_release_shape(resolution, model_dir, config, served, notes)
+    elif model_dir is None:  # a hub id: what its name says, before vLLM downloads it
+        checks.check_hub_id(resolution, model, notes)
     checks.check_devices(resolution, platform, environ, dev_dir)
     if platform == "ascend":
         checks.check_device_access(environ, notes, dev_dir)
@@ -238,6 +242,9 @@ def build_plan(resolution: Resolution, environ: Mapping[str, str] | None = None,
     checks.check_compilation_config(resolution)
     checks.check_local_media(resolution)
     effective = _effective(resolution, config, served)
+    if not embedded:  # the embedded checkpoint writes the canvas field itself
+        effective["hf_overrides"] = checks.canvas_overrides(
+            resolution, served, config if model_dir is not None else None, notes)
     checks.check_tool_calling(resolution, effective)
     # vLLM checks only the first URL's host against allowed_media_domains; a redirect from an
     # allowed host could lead anywhere (an internal address, SSRF). In public mode every hop is
