@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from ...core.patch import AT_MODEL_IMPORT, LayoutNotFound, Patch
+from ...core.vllm_code import platform_name
 from ...core.wrap import wrap_once
 
 NAME = "vit-varlen-attention"
@@ -48,15 +49,27 @@ def body_statements(function: Any) -> tuple[str, ...]:
     return tuple(statements)
 
 
-def seqlens(lengths: Any) -> tuple[Any, Any]:
-    """(cu_seqlens, max_seqlen) for packed sequences of `lengths`, as vLLM's varlen vision
-    encoders build them (siglip2navit.py): int32 cumulative lengths with a leading 0, on the
-    lengths' device, and the longest length as a tensor."""
-    import torch
-    import torch.nn.functional as F
+def host_seqlens() -> bool:
+    """Whether `cu_seqlens` and `max_seqlen` are made on the host: on the Ascend platform, whose
+    `AscendMMEncoderAttention` reads them on the host in every layer (`cu_seqlens.cpu()`, then
+    `.tolist()` for the fused kernel's `actual_seq_lengths`; `max_seqlen` unused): a device tensor
+    there costs one device-to-host copy and sync per encoder layer. Elsewhere the platform's
+    varlen kernels (CUDA's) take them on the device."""
+    return platform_name() == "npu"
 
-    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
-    return cu_seqlens, (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+
+def seqlens(lengths: list[int], device: Any) -> tuple[Any, Any]:
+    """(cu_seqlens, max_seqlen) for packed sequences of `lengths` (Python ints), as vLLM's varlen
+    vision encoders build them (siglip2navit.py): int32 cumulative lengths with a leading 0, and the
+    longest length as an int32 tensor; on the host where `host_seqlens()`, else on `device`."""
+    import torch
+
+    cumulative = [0]
+    for n in lengths:
+        cumulative.append(cumulative[-1] + n)
+    where = "cpu" if host_seqlens() else device
+    return (torch.tensor(cumulative, dtype=torch.int32, device=where),
+            torch.tensor(max(lengths), dtype=torch.int32, device=where))
 
 
 def attention(self_attn: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: Any) -> Any:
@@ -83,13 +96,19 @@ def encoder_layer(layer: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: A
     return hidden_states
 
 
-def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None = None) -> list[Any]:
+def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None = None,
+                             original: Any = None) -> list[Any]:
     """vLLM's `get_vision_hidden_states` (same embeddings, layers, merger placement, results) with
-    the encoder layers run over the packed valid patches of each slice."""
+    the encoder layers run over the packed valid patches of each slice. A batch whose slices all
+    have one length is vLLM's own (`original`): vLLM pads and masks nothing there and already calls
+    `MMEncoderAttention` (without `cu_seqlens`), so packing could only add work."""
     import torch
 
     pixel_values = data["pixel_values"]
     tgt_sizes = data["tgt_sizes"]
+    lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]  # patches per slice
+    if original is not None and len(set(lengths)) == 1:
+        return original(self, data, downsample_mode)
     batch = len(pixel_values)
     patch = pixel_values[0].shape[-2]
     longest = max(item.shape[-1] for item in pixel_values)
@@ -99,15 +118,22 @@ def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None =
     all_pixel_values = torch.zeros(batch, 3, patch, longest, dtype=dtype, device=device)
     for i, pv in enumerate(pixel_values):
         all_pixel_values[i, ..., :pv.shape[-1]] = pv.to(dtype)
-    num_patches = tgt_sizes.prod(-1)
-    max_patches = int(num_patches.max().item())
-    patch_attn_mask = torch.arange(max_patches, device=device)[None, :] < num_patches.to(device)[:, None]
+    patch_attn_mask = (torch.arange(max(lengths), device=device)[None, :]
+                       < torch.tensor(lengths, device=device)[:, None])
     embedded = self.vpm.embeddings(all_pixel_values, patch_attention_mask=patch_attn_mask.unsqueeze(1),
                                    tgt_sizes=tgt_sizes)
-    hidden_states = embedded[patch_attn_mask]  # (sum of num_patches, hidden), slice after slice
-    lengths = [int(n) for n in num_patches.tolist()]
-    cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+    hidden_states = embedded[patch_attn_mask]  # (sum of lengths, hidden), slice after slice
+    return encode(self, hidden_states, lengths, tgt_sizes, downsample_mode)
 
+
+def encode(self: Any, hidden_states: Any, lengths: list[int], tgt_sizes: Any,
+           downsample_mode: str | None) -> list[Any]:
+    """The encoder layers, `vit_merger` and `merger` of `get_vision_hidden_states` over the packed
+    `(sum of lengths, hidden)` embeddings of slices of `lengths` patches (`tgt_sizes` on any device)."""
+    import torch
+
+    device = hidden_states.device
+    cu_seqlens, max_seqlen = seqlens(lengths, device)
     insert_layer_id = getattr(self.config, "insert_layer_id", -1)
     if downsample_mode is None:
         downsample_mode = getattr(self.config, "downsample_mode", "16x")
@@ -123,8 +149,8 @@ def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None =
             sizes.append(size)
         hidden_states = torch.cat(merged)
         tgt_sizes = torch.cat(sizes)
-        lengths = [int(n) for n in tgt_sizes.prod(-1).tolist()]
-        cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+        lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]
+        cu_seqlens, max_seqlen = seqlens(lengths, device)
     for layer in self.vpm.encoder.layers[insert_layer_id + 1:]:
         hidden_states = encoder_layer(layer, hidden_states, cu_seqlens, max_seqlen)
 
@@ -156,7 +182,7 @@ def check(module: ModuleType) -> str | None:
 def apply(module: ModuleType) -> None:
     wrap_once(module.MiniCPMV4_6ForConditionalGeneration, "get_vision_hidden_states",
               lambda original: lambda self, data, downsample_mode=None: get_vision_hidden_states(
-                  self, data, downsample_mode))
+                  self, data, downsample_mode, original))
 
 
 PATCH = Patch(
