@@ -134,6 +134,33 @@ def test_seqlens_on_the_host_on_ascend_only(vllm_code, target, monkeypatch, plat
         assert seen == [("meta", "meta", "meta", None, None)] * check.LAYERS
 
 
+def test_patch_embedding_is_already_one_matmul(vllm_code, target):
+    """A patch embedding as one matmul over the unfolded patches (instead of a convolution) is what
+    the target's vLLM already runs on Ascend, so no patch does it: 4.6's `patch_embedding` is vLLM's
+    `Conv2dLayer` (kernel = stride = 14, no padding: `enable_linear`), whose `forward_native` is
+    `_forward_mulmat` (unfold, one `F.linear`); `Conv2dLayer` does not override `forward_oot`,
+    which for an out-of-tree platform calls `forward_native`, and vllm-ascend registers an op of
+    its own for `Conv3dLayer` only (v0.23.0, main). At the real width (3 x 14 x 14 -> 1152), fp32,
+    two slices of 240 patches: that path equals the convolution to 2e-6 of the output's largest
+    magnitude (a 588-term dot product in another order)."""
+    import torch.nn.functional as F
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm.model_executor.layers.conv import Conv2dLayer
+
+    config = check.real_dim_config(vllm_code.model_config.hf_config)
+    layer = vision_model(vllm_code.module, vllm_code.model_config, config).vpm.embeddings.patch_embedding
+    assert type(layer) is Conv2dLayer and layer.enable_linear
+    assert Conv2dLayer.forward_oot is CustomOp.forward_oot
+    # pixel values as the processor makes them: normalized with mean 0.5 and std 0.5, in [-1, 1]
+    pixels = torch.rand(2, 3, 14, 14 * 240, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        matmul = layer.forward_oot(pixels)
+        conv = F.conv2d(pixels, layer.weight, layer.bias, stride=14)
+    assert matmul.shape == conv.shape == (2, check.HIDDEN, 1, 240)
+    # summation order only: measured 3.7e-6 on outputs up to 3.3 (0.30), 1.1e-6 of the largest
+    assert float((matmul - conv).abs().max()) <= 2e-6 * float(conv.abs().max())
+
+
 def test_equal_slices_keep_vllms_path(vllm_code, target, checkpoint):
     """A batch whose slices all have one length (a 480x640 image in 3 slices of 240 patches) is
     vLLM's own path with the patch applied: vLLM masks nothing there and calls MMEncoderAttention
