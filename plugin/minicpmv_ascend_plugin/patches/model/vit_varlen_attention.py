@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from ...core.patch import AT_MODEL_IMPORT, LayoutNotFound, Patch
+from ...core.vllm_code import platform_name
 from ...core.wrap import wrap_once
 
 NAME = "vit-varlen-attention"
@@ -48,15 +49,27 @@ def body_statements(function: Any) -> tuple[str, ...]:
     return tuple(statements)
 
 
-def seqlens(lengths: Any) -> tuple[Any, Any]:
-    """(cu_seqlens, max_seqlen) for packed sequences of `lengths`, as vLLM's varlen vision
-    encoders build them (siglip2navit.py): int32 cumulative lengths with a leading 0, on the
-    lengths' device, and the longest length as a tensor."""
-    import torch
-    import torch.nn.functional as F
+def host_seqlens() -> bool:
+    """Whether `cu_seqlens` and `max_seqlen` are made on the host: on the Ascend platform, whose
+    `AscendMMEncoderAttention` reads them on the host in every layer (`cu_seqlens.cpu()`, then
+    `.tolist()` for the fused kernel's `actual_seq_lengths`; `max_seqlen` unused): a device tensor
+    there costs one device-to-host copy and sync per encoder layer. Elsewhere the platform's
+    varlen kernels (CUDA's) take them on the device."""
+    return platform_name() == "npu"
 
-    cu_seqlens = F.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
-    return cu_seqlens, (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+
+def seqlens(lengths: list[int], device: Any) -> tuple[Any, Any]:
+    """(cu_seqlens, max_seqlen) for packed sequences of `lengths` (Python ints), as vLLM's varlen
+    vision encoders build them (siglip2navit.py): int32 cumulative lengths with a leading 0, and the
+    longest length as an int32 tensor; on the host where `host_seqlens()`, else on `device`."""
+    import torch
+
+    cumulative = [0]
+    for n in lengths:
+        cumulative.append(cumulative[-1] + n)
+    where = "cpu" if host_seqlens() else device
+    return (torch.tensor(cumulative, dtype=torch.int32, device=where),
+            torch.tensor(max(lengths), dtype=torch.int32, device=where))
 
 
 def attention(self_attn: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: Any) -> Any:
@@ -83,13 +96,19 @@ def encoder_layer(layer: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: A
     return hidden_states
 
 
-def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None = None) -> list[Any]:
+def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None = None,
+                             original: Any = None) -> list[Any]:
     """vLLM's `get_vision_hidden_states` (same embeddings, layers, merger placement, results) with
-    the encoder layers run over the packed valid patches of each slice."""
+    the encoder layers run over the packed valid patches of each slice. A batch whose slices all
+    have one length is vLLM's own (`original`): vLLM pads and masks nothing there and already calls
+    `MMEncoderAttention` (without `cu_seqlens`), so packing could only add work."""
     import torch
 
     pixel_values = data["pixel_values"]
     tgt_sizes = data["tgt_sizes"]
+    lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]  # patches per slice
+    if original is not None and len(set(lengths)) == 1:
+        return original(self, data, downsample_mode)
     batch = len(pixel_values)
     patch = pixel_values[0].shape[-2]
     longest = max(item.shape[-1] for item in pixel_values)
@@ -99,15 +118,22 @@ def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None =
     all_pixel_values = torch.zeros(batch, 3, patch, longest, dtype=dtype, device=device)
     for i, pv in enumerate(pixel_values):
         all_pixel_values[i, ..., :pv.shape[-1]] = pv.to(dtype)
-    num_patches = tgt_sizes.prod(-1)
-    max_patches = int(num_patches.max().item())
-    patch_attn_mask = torch.arange(max_patches, device=device)[None, :] < num_patches.to(device)[:, None]
+    patch_attn_mask = (torch.arange(max(lengths), device=device)[None, :]
+                       < torch.tensor(lengths, device=device)[:, None])
     embedded = self.vpm.embeddings(all_pixel_values, patch_attention_mask=patch_attn_mask.unsqueeze(1),
                                    tgt_sizes=tgt_sizes)
-    hidden_states = embedded[patch_attn_mask]  # (sum of num_patches, hidden), slice after slice
-    lengths = [int(n) for n in num_patches.tolist()]
-    cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+    hidden_states = embedded[patch_attn_mask]  # (sum of lengths, hidden), slice after slice
+    return encode(self, hidden_states, lengths, tgt_sizes, downsample_mode)
 
+
+def encode(self: Any, hidden_states: Any, lengths: list[int], tgt_sizes: Any,
+           downsample_mode: str | None) -> list[Any]:
+    """The encoder layers, `vit_merger` and `merger` of `get_vision_hidden_states` over the packed
+    `(sum of lengths, hidden)` embeddings of slices of `lengths` patches (`tgt_sizes` on any device)."""
+    import torch
+
+    device = hidden_states.device
+    cu_seqlens, max_seqlen = seqlens(lengths, device)
     insert_layer_id = getattr(self.config, "insert_layer_id", -1)
     if downsample_mode is None:
         downsample_mode = getattr(self.config, "downsample_mode", "16x")
@@ -123,8 +149,8 @@ def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None =
             sizes.append(size)
         hidden_states = torch.cat(merged)
         tgt_sizes = torch.cat(sizes)
-        lengths = [int(n) for n in tgt_sizes.prod(-1).tolist()]
-        cu_seqlens, max_seqlen = seqlens(torch.tensor(lengths, device=device))
+        lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]
+        cu_seqlens, max_seqlen = seqlens(lengths, device)
     for layer in self.vpm.encoder.layers[insert_layer_id + 1:]:
         hidden_states = encoder_layer(layer, hidden_states, cu_seqlens, max_seqlen)
 
@@ -156,7 +182,7 @@ def check(module: ModuleType) -> str | None:
 def apply(module: ModuleType) -> None:
     wrap_once(module.MiniCPMV4_6ForConditionalGeneration, "get_vision_hidden_states",
               lambda original: lambda self, data, downsample_mode=None: get_vision_hidden_states(
-                  self, data, downsample_mode))
+                  self, data, downsample_mode, original))
 
 
 PATCH = Patch(
@@ -175,27 +201,46 @@ PATCH = Patch(
      '`MMEncoderAttention`'),
     tests=('`plugin/tests/patches/model/test_target_vit_varlen_attention.py` (each target), `tests/test_vit_varlen_attention.py` (0.32, 4.6 and '
      "4.7): the stand-in platform attention never called without, called per layer with the slices' `cu_seqlens` "
-     "with; within the masked path's bf16 noise floor; equal to transformers in fp32"),
+     "with; within the bf16 ulp bound of the masked path on a peaked tower, positive controls outside it; equal to "
+     "transformers in fp32; `cu_seqlens` on the host on Ascend only (a stand-in on a fake device); equal-slice "
+     "batches on vLLM's own path"),
     delete_when=("vLLM's MiniCPM-V 4.6 / Idefics2 encoder runs sliced batches varlen (`cu_seqlens`) itself, as transformers' "
      'does'),
     details=f"""
 wraps `MiniCPMV4_6ForConditionalGeneration.get_vision_hidden_states`
 (4.7 on 0.32 inherits it, so the wrapper covers it; `Idefics2VisionAttention`, shared with
-Idefics3, SmolVLM and MiniCPM-V 2.x-4.5, is untouched). The embeddings are computed as vLLM does
-(slices padded to the longest, one conv), then the valid patches of each slice are packed into
-one `(tokens, 1152)` sequence; each encoder layer runs its own layer norms, `qkv_proj`,
-`out_proj` and MLP, with attention through its own `MMEncoderAttention` given `cu_seqlens` (int32,
-leading 0, on the device) and `max_seqlen` as vLLM's varlen encoders build them
+Idefics3, SmolVLM and MiniCPM-V 2.x-4.5, is untouched). Which batches it takes: those whose slices
+differ in patch count (a sliced image whose source slice and grid slices differ, e.g. 1344x1008:
+1008 + 6 x 1024; 500x700: 1008 + 2 x 1120; any encoder batch of mixed sizes). A batch of one
+length (448x448 and smaller: one slice; 1084x820: 7 x 1008; uniform video frames) goes to vLLM's
+own method: vLLM masks nothing there and already calls `MMEncoderAttention` without `cu_seqlens`
+(vllm-ascend's fused kernel runs), so packing could only add work. For the others, the embeddings
+are computed as vLLM does (slices padded to the longest, one conv), then the valid patches of each
+slice are packed into one `(tokens, 1152)` sequence; each encoder layer runs its own layer norms,
+`qkv_proj`, `out_proj` and MLP, with attention through its own `MMEncoderAttention` given
+`cu_seqlens` (int32, leading 0) and `max_seqlen` as vLLM's varlen encoders build them
 (`siglip2navit.py`); the `vit_merger` (16x) and the `merger` are vLLM's modules called per slice
 (they read only each slice's valid rows of the padded batch), and `cu_seqlens` is rebuilt after
-the `vit_merger`. vllm-ascend's `AscendMMEncoderAttention.forward_oot` takes exactly this: a
-`(1, tokens, heads x 72)` query and `cu_seqlens` (moved to the host), TND layout,
-`npu_fused_infer_attention_score`, head_dim 72 padded to 128 (vllm-ascend main of 2026-08-22).
-Equality (`vit_varlen_check.py`, real attention shape, 2 layers, a 1260x480 image cut into 3
-slices of 192/240/240 patches at 224-px slicing, 16x and 4x): the varlen bf16 output differs from
-the masked bf16 output by at most 0.0078 where masked bf16 vs masked fp32 differs by 0.0101-0.0102
-(max abs, outputs up to ~1.4); in fp32 varlen, masked and transformers agree to ~1e-6 (at the
-released 448-px slicing, 1084x820 in slices of 1008/960/960: 0.0078 against 0.0096).
+the `vit_merger`. Both are made from the slice lengths (Python ints) on the host on the Ascend
+platform (vLLM's platform `npu`) and on the model's device elsewhere (CUDA's varlen kernels read
+them there): vllm-ascend's `AscendMMEncoderAttention` reads `cu_seqlens` on the host in every
+layer (v0.23.0 and main of 2026-08-22: `_maybe_compute_cu_seqlens` returns `cu_seqlens.cpu()`,
+`maybe_compute_actual_seq_lengths` takes `.tolist()` of it; `max_seqlen` unused), so a device
+tensor would cost a device-to-host copy and sync per layer (26 per encoder call). Its
+`forward_oot` takes a `(1, tokens, heads x 72)` query, TND layout,
+`npu_fused_infer_attention_score`, head_dim 72 padded to 128 in each call.
+Equality (`vit_varlen_check.py`, real attention shape, 2 layers, one call with a 1260x480 image in
+3 slices of 192/240/240 patches at 224-px slicing and a 900x300 image in 5 slices of 48 + 4 x 64 at
+112-px slicing, 16x and 4x; a tower with layer-norm gains 1 and q/k weights of std 0.04, so the
+attention is peaked: layer 0's logits have std 1.9 and the median largest probability is 0.13
+against 1/192 uniform). Measured on 0.30: the varlen bf16 output differs from the masked bf16 output
+by a median of 0, a 99th percentile of 2 and at most 3.0-3.3 bf16 ulps (`ulps()`: at each element's
+magnitude, those below the output's RMS at the RMS; max abs 0.125 on outputs up to ~29), where
+masked bf16 vs masked fp32 differs by 1.0-1.5 / 4.9-7.2 / 9.4-12.1 ulps (max abs 0.37-0.38); the
+bound is 4 ulps at the 99th percentile and 8 at the max, and the masked path's max abs. In fp32
+varlen and masked agree to 2.5e-5 and both match transformers to 5e-5 (bound: 1 % of the bf16
+floor). Positive controls, the same path with a fault planted in the attention, fail every bound:
+its scale x1.1 (median 11 ulps, max abs 3.8), q and k swapped (median 94 ulps, max abs 24).
 Predicate (read from the installed code): `get_vision_hidden_states` mentions `attention_mask`
 and not `cu_seqlens`, `Idefics2VisionAttention.forward` has its `scaled_dot_product_attention` path,
 `MMEncoderAttention.forward_native` takes `cu_seqlens` and `max_seqlen`, and
