@@ -33,7 +33,7 @@ LAYERS, INSERT_LAYER_ID = 2, 0  # layer 0, the vit_merger (16x), layer 1
 # batch. Slices of 224 px instead of the released 448 (at most 256 patches instead of 1,024): the
 # path taken depends only on the lengths differing, and a quarter of the patches is ~1/4 of the
 # linear work and ~1/16 of the attention's (bf16 matmuls are ~40x slower than fp32 on an AVX2-only
-# CPU, and this check runs once per target; issue 19). --bench keeps the released slicing.
+# CPU, and this check runs once per target). --bench keeps the released slicing.
 # A second image, 900x300 cut into 5 slices at 112-px slicing (48, then 4 x 64 patches), goes in the
 # same call: images of different slice counts in one `get_vision_hidden_states` batch (8 slices,
 # 4 lengths).
