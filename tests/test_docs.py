@@ -34,7 +34,7 @@ COMMAND_PAGES = {"README.md": None, "README.zh-CN.md": None, DEPLOY: FIRST_HOUR,
 # The Chinese pages and the English text whose commands they carry: the English page's sections
 # (None: the whole file), in the order the Chinese page gives them.
 TRANSLATIONS = {"README.zh-CN.md": ("README.md", (None,)),
-                "docs/deploy-ascend.zh-CN.md": (DEPLOY, (FIRST_HOUR, "### Mirrors"))}
+                "docs/deploy-ascend.zh-CN.md": (DEPLOY, (FIRST_HOUR, "### Mirrors", "## Kubernetes"))}
 # The marker of a command line that needs the NPU host or a Docker engine: a comment starting with it.
 MARKER = re.compile(r"\s+#\s*\[(npu|docker)\](.*)$")
 CHECKLIST = "## Operator checklist"
