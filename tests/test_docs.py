@@ -31,8 +31,10 @@ FIRST_HOUR = "## The first hour"
 # The pages whose command blocks are checked, and the section of each (None: the whole file).
 COMMAND_PAGES = {"README.md": None, "README.zh-CN.md": None, DEPLOY: FIRST_HOUR,
                  "docs/deploy-ascend.zh-CN.md": None}
-# The Chinese pages and the English text whose commands they carry.
-TRANSLATIONS = {"README.zh-CN.md": ("README.md", None), "docs/deploy-ascend.zh-CN.md": (DEPLOY, FIRST_HOUR)}
+# The Chinese pages and the English text whose commands they carry: the English page's sections
+# (None: the whole file), in the order the Chinese page gives them.
+TRANSLATIONS = {"README.zh-CN.md": ("README.md", (None,)),
+                "docs/deploy-ascend.zh-CN.md": (DEPLOY, (FIRST_HOUR, "### Mirrors", "## Kubernetes"))}
 # The marker of a command line that needs the NPU host or a Docker engine: a comment starting with it.
 MARKER = re.compile(r"\s+#\s*\[(npu|docker)\](.*)$")
 CHECKLIST = "## Operator checklist"
@@ -109,13 +111,17 @@ def test_every_relative_link_and_anchor_resolves(name: str) -> None:
 
 
 def section(text: str, heading: str | None) -> str:
+    """From the heading line that starts with `heading` to the next heading of its level or a higher
+    one (so "### Mirrors" ends at the next "## " too); `#` lines inside fenced blocks are comments."""
     if heading is None:
         return text
-    """From the heading line that starts with `heading` to the next heading of its level."""
-    start = re.search(rf"^{re.escape(heading)}.*$", text, re.M)
+    fences = [m.span() for m in FENCE.finditer(text)]
+    heads = [m for m in HEADING.finditer(text) if not any(a <= m.start() < b for a, b in fences)]
+    start = next((m for m in heads if m.group(0).startswith(heading)), None)
     assert start, f"no heading {heading!r}"
-    end = re.search(rf"^{heading.split()[0]} ", text[start.end():], re.M)
-    return text[start.start():start.end() + end.start()] if end else text[start.start():]
+    level = len(heading.split()[0])
+    end = next((m.start() for m in heads if m.start() > start.start() and len(m.group(1)) <= level), len(text))
+    return text[start.start():end]
 
 
 def command_blocks(name: str, heading: str | None) -> list[str]:
@@ -145,10 +151,12 @@ def test_the_command_pages_have_command_blocks() -> None:
 
 @pytest.mark.parametrize("zh", sorted(TRANSLATIONS))
 def test_the_chinese_page_has_the_english_commands(zh: str) -> None:
-    english, heading = TRANSLATIONS[zh]
-    want = [command_lines(b) for b in command_blocks(english, heading)]
+    english, headings = TRANSLATIONS[zh]
+    want = [command_lines(b) for heading in headings for b in command_blocks(english, heading)]
     have = [command_lines(b) for b in command_blocks(zh, None)]
-    assert have == want, f"{zh}'s command blocks differ from {english}'s (comments aside)"
+    assert len(have) == len(want), f"{zh} has {len(have)} command blocks, {english}'s {headings} {len(want)}"
+    for i, (zh_block, en_block) in enumerate(zip(have, want)):
+        assert zh_block == en_block, f"{zh}, block {i + 1}: its commands differ from {english}'s (comments aside)"
 
 
 def lint_tool(name: str) -> str:
@@ -235,6 +243,12 @@ def help_text(script: str, mode: str) -> str:
 
 # Paths in the commands that are not this repository's: the host's, the image's, what they create.
 OUTSIDE = ("/dev/", "/usr/", "/opt/", "./models", "http://", "https://", ".env", "/data/", ".venv/")
+# Words that look like paths but are no files: an image of a registry, whose first part is a host
+# name (`quay.nju.edu.cn/ascend/vllm-ascend`), and in kubectl and helm commands a cluster object
+# (`job/minicpmv-smoke`, `deploy/minicpmv`) or a chart of a Helm repository.
+IMAGE = re.compile(r"[\w-]+(?:\.[\w-]+)+/\S+")
+CLUSTER_NAME = re.compile(r"(?:cronjob|deploy|deployment|job|pod|svc|service|hpa)/[\w.-]+"
+                          r"|prometheus-community/[\w.-]+")
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_PAGES))
@@ -249,6 +263,8 @@ def test_what_the_commands_name_exists(name: str) -> None:
                 words = command.split()
             for word in words:
                 word = word.split("=", 1)[-1] if re.match(r"[A-Z_]+=", word) else word
+                if IMAGE.fullmatch(word) or words[:1] in (["kubectl"], ["helm"]) and CLUSTER_NAME.fullmatch(word):
+                    continue
                 if "/" in word and not word.startswith(OUTSIDE) and not word.startswith(("{", "-", "'")) \
                         and re.fullmatch(r"[\w./-]+", word) and not (REPO / word).exists():
                     missing.append(f"file {word}")
