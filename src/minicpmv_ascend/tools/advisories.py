@@ -384,8 +384,14 @@ ADVISORIES: tuple[Advisory, ...] = (
         ">= 0", None,
         "https://github.com/advisories/GHSA-98f3-hwg4-4rf7",
         ("https://github.com/vllm-project/vllm/issues/37343", "https://github.com/vllm-project/vllm/pull/37594"),
-        _all(open_("the advisory names no mechanism and no fixed release; not assessed: read vllm-project/vllm"
-                   "#37343 and #37594, then decide"), (T23, T30, T32))),
+        _all(open_("reachable: `n` > 1 and `top_logprobs` are on (n up to `max_num_seqs`, top_logprobs up "
+                   "to vLLM's --max-logprobs), and while one request asks for logprobs vLLM's sampler "
+                   "computes a full-vocabulary log-softmax for every row of every step, so its n sequences "
+                   "slow every co-scheduled request's steps (a slowdown while it runs, no crash or hang); no "
+                   "target's scheduler budgets logprobs (the proposed fix, vllm-project/vllm#37594, is "
+                   "unmerged); an operator can pass vLLM's --max-logprobs lower"), (T23, T30, T32)),
+        note="the mechanism is vllm-project/vllm#37343 (n=8 with top_logprobs=20 beside plain requests: "
+             "their time to first token 76-423x); the advisory's own text names none"),
     Advisory(
         ("GHSA-x9pq-jx6q-p3qv",),
         "prompt embeds with sampling penalties crash the engine (low severity, unreviewed, from VulDB)",
