@@ -38,6 +38,8 @@ SKIPPED_AT_REGISTER_032 = {
     "reasoning-parser": r"vLLM has a 'minicpmv' reasoning parser",
     "rotary-mrope": r"platform cpu is not Ascend",
     "uvicorn-signals": r"vLLM's [\w/.]+ runs a uvicorn server without uvicorn's signal handlers \(vLLM #50916\)",
+    "allowed-token-ids-rows": (r"vLLM's InputBatch\.condense clears the row it moves a request from, and swap_states "
+                               r"swaps `allowed_token_ids_mask_cpu_tensor` rows by copy"),
 }
 if not CPU_RUNS_THE_CONV_KERNEL:
     SKIPPED_AT_REGISTER_032["gdn-one-token-prefill"] = re.escape(gdn_one_token_prefill.NO_KERNEL_HERE)

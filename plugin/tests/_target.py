@@ -48,12 +48,13 @@ SERVER_PATCHES = ("engine-death-exit", "shutdown-cut-requests", "file-url-400", 
 NEEDED: dict[str, frozenset[str]] = {
     "0.23.0": frozenset({"reasoning-parser", "gdn-state-dtype", "processor-version", "image-size-order",
                          "vit-merger-flags", "max-slice-nums", *SERVER_PATCHES, "uvicorn-signals",
-                         "json-whitespace", "vit-varlen-attention", "shm-busy-sleep"}),
+                         "json-whitespace", "vit-varlen-attention", "shm-busy-sleep", "allowed-token-ids-rows"}),
     # 0.30 has vLLM #44980 (native processor) and #45244 + the (rows, cols) layout, but neither the
     # per-item merger flags, nor the per-request max_slice_nums, nor a `minicpmv` reasoning parser;
     # its launcher already runs uvicorn without uvicorn's signal handlers (NoSignalServer, #50916).
     "0.30.0": frozenset({"reasoning-parser", "gdn-state-dtype", "vit-merger-flags", "max-slice-nums",
-                         *SERVER_PATCHES, "json-whitespace", "vit-varlen-attention", "shm-busy-sleep"}),
+                         *SERVER_PATCHES, "json-whitespace", "vit-varlen-attention", "shm-busy-sleep",
+                         "allowed-token-ids-rows"}),
 }
 
 

@@ -56,6 +56,7 @@ PATCH_MODULES: tuple[str, ...] = (
     "patches.api.responses_assistant_content",
     "patches.media.public_media_urls",
     "patches.api.json_whitespace",
+    "patches.api.allowed_token_ids_rows",
     "patches.lifecycle.shm_busy_sleep",
 )
 PATCHES: tuple[Patch, ...] = tuple(importlib.import_module(f"{PACKAGE}.{name}").PATCH for name in PATCH_MODULES)

@@ -98,6 +98,10 @@ def unreachable(why: str) -> Verdict:
     return Verdict("affected", "not reachable", why)
 
 
+def patched(why: str, plugin: str, tests: tuple[str, ...]) -> Verdict:
+    return Verdict("affected", "plugin", why, plugin=plugin, tests=tests)
+
+
 def open_(why: str) -> Verdict:
     return Verdict("affected", "open", why)
 
@@ -174,9 +178,15 @@ ADVISORIES: tuple[Advisory, ...] = (
         "< 0.31.0", "0.31.0",
         "https://github.com/vllm-project/vllm/security/advisories/GHSA-6cxc-2vcg-w5qc",
         ("https://raw.githubusercontent.com/CVEProject/cvelistV5/main/cves/2026/114xxx/CVE-2026-114049.json",),
-        _all(open_("`allowed_token_ids` passes the kit unchecked (whether vllm-ascend's own input batch "
-                   "copies the flaw is not checked); fix: vLLM 0.31, or a guard switch refusing "
-                   "`allowed_token_ids`"), (T23, T30))),
+        _all(patched("the plugin backports the fix to vLLM's `InputBatch` (0.23 and 0.30 copy a moved row's "
+                     "mask down in `condense` without clearing the row it left, and swap rows through views "
+                     "in `swap_states`); vllm-ascend's `NPUInputBatch` extends it and overrides only "
+                     "`__init__`, so its model runner runs the patched methods",
+                     "allowed-token-ids-rows",
+                     ("plugin/tests/patches/api/test_target_allowed_token_ids_rows.py"
+                      "::test_no_request_keeps_another_requests_allowed_token_ids",)), (T23, T30)),
+        note="the flaw is vllm-project/vllm#43894; vLLM 0.32's `InputBatch` has the fix: `condense` clears "
+             "the row it moves a request from, `swap_states` swaps the rows with a copying index"),
     Advisory(
         ("GHSA-823j-m4cj-hmjf", "CVE-2026-114052", "PYSEC-2026-4361"),
         "MOSS-Audio caches a processor per distinct request `mm_processor_kwargs` (/tokenize): memory "
@@ -374,8 +384,14 @@ ADVISORIES: tuple[Advisory, ...] = (
         ">= 0", None,
         "https://github.com/advisories/GHSA-98f3-hwg4-4rf7",
         ("https://github.com/vllm-project/vllm/issues/37343", "https://github.com/vllm-project/vllm/pull/37594"),
-        _all(open_("the advisory names no mechanism and no fixed release; not assessed: read vllm-project/vllm"
-                   "#37343 and #37594, then decide"), (T23, T30, T32))),
+        _all(open_("reachable: `n` > 1 and `top_logprobs` are on (n up to `max_num_seqs`, top_logprobs up "
+                   "to vLLM's --max-logprobs), and while one request asks for logprobs vLLM's sampler "
+                   "computes a full-vocabulary log-softmax for every row of every step, so its n sequences "
+                   "slow every co-scheduled request's steps (a slowdown while it runs, no crash or hang); no "
+                   "target's scheduler budgets logprobs (the proposed fix, vllm-project/vllm#37594, is "
+                   "unmerged); an operator can pass vLLM's --max-logprobs lower"), (T23, T30, T32)),
+        note="the mechanism is vllm-project/vllm#37343 (n=8 with top_logprobs=20 beside plain requests: "
+             "their time to first token 76-423x); the advisory's own text names none"),
     Advisory(
         ("GHSA-x9pq-jx6q-p3qv",),
         "prompt embeds with sampling penalties crash the engine (low severity, unreviewed, from VulDB)",
