@@ -110,11 +110,15 @@ RENDERED_FIELDS = ("messages", "tools", "input", "instructions", "system")
 _log = logging.getLogger(__name__)
 
 
+def _positive_int_from_env(name: str, default: int) -> int:
+    """A positive integer the launcher set in the environment; `default` where it is unset or not one."""
+    configured = os.environ.get(name, "").strip()
+    return int(configured) if configured.isdigit() and int(configured) > 0 else default
+
+
 def limit_from_env() -> int:
     """The body limit in bytes (MAX_REQUEST_BODY_MB, the launcher sets it)."""
-    configured = os.environ.get(LIMIT_ENV, "").strip()
-    megabytes = int(configured) if configured.isdigit() and int(configured) > 0 else DEFAULT_LIMIT_MB
-    return megabytes * 1024 * 1024
+    return _positive_int_from_env(LIMIT_ENV, DEFAULT_LIMIT_MB) * 1024 * 1024
 
 
 def media_uuids_from_env() -> MediaUuids:
@@ -124,8 +128,7 @@ def media_uuids_from_env() -> MediaUuids:
 
 def megapixels_from_env() -> int:
     """The decoded-pixel budget per request, in megapixels (MAX_MEDIA_MEGAPIXELS, the launcher sets it)."""
-    configured = os.environ.get(PIXELS_ENV, "").strip()
-    return int(configured) if configured.isdigit() and int(configured) > 0 else DEFAULT_MEGAPIXELS
+    return _positive_int_from_env(PIXELS_ENV, DEFAULT_MEGAPIXELS)
 
 
 def _flag_from_env(name: str) -> bool:
