@@ -143,15 +143,20 @@ def check_text_tower(resolution: Resolution, served: Model, config: Mapping[str,
     text_type = (config.get("text_config") or {}).get("model_type")
     if text_type is None or text_type == served.text_model_type:
         return
-    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
     what = "a mixture-of-experts text model" if "moe" in str(text_type) else "another text model"
-    raise error(setting, model,
-                f"its config.json has text_config.model_type {text_type!r}, {what}: vLLM "
-                f"{vllm_source.version()} serves {served.name} only with the dense {served.text_model_type!r} "
-                "tower (its MiniCPM-V class always builds Qwen3_5ForCausalLM), so it cannot serve this checkpoint",
-                f"serve a dense {served.name} checkpoint (e.g. {served.modelscope_id}) by pointing "
-                f"{fix_where(setting, model)} at it; a MoE {served.name} needs a vLLM whose MiniCPM-V model "
-                "code builds a MoE text tower")
+    raise _not_the_dense_tower(resolution, served,
+                               f"its config.json has text_config.model_type {text_type!r}, {what}")
+
+
+def _not_the_dense_tower(resolution: Resolution, served: Model, what: str) -> ConfigError:
+    """The refusal of a checkpoint whose text tower is not the one vLLM builds for `served`."""
+    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
+    return error(setting, model,
+                 f"{what}: vLLM {vllm_source.version()} serves {served.name} only with the dense "
+                 f"{served.text_model_type!r} text tower (its MiniCPM-V class always builds Qwen3_5ForCausalLM)",
+                 f"serve a dense {served.name} checkpoint (e.g. {served.modelscope_id}) by pointing "
+                 f"{fix_where(setting, model)} at it; a MoE {served.name} needs a vLLM whose MiniCPM-V model "
+                 "code builds a MoE text tower")
 
 
 def check_hub_id(resolution: Resolution, model_id: str, notes: list[str]) -> None:
@@ -159,18 +164,11 @@ def check_hub_id(resolution: Resolution, model_id: str, notes: list[str]) -> Non
     before. What its name says is checked instead: a MoE is refused (check_text_tower's reason), a
     declared model's version needs its vLLM (check_model_in_vllm), and a name of a declared family
     that is not its declared download is served as that model with a note."""
-    setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
     declared, exact = model_for_id(model_id)
     if declared is None:
         return
     if is_moe_id(model_id):
-        raise error(setting, model,
-                    f"{model_id} names a mixture-of-experts {declared.name}: vLLM "
-                    f"{vllm_source.version()} serves {declared.name} only with the dense "
-                    f"{declared.text_model_type!r} text tower (its MiniCPM-V class always builds "
-                    "Qwen3_5ForCausalLM)",
-                    f"serve the dense {declared.modelscope_id} ({fix_where(setting, model)}); a MoE "
-                    f"{declared.name} needs a vLLM whose MiniCPM-V model code builds a MoE text tower")
+        raise _not_the_dense_tower(resolution, declared, f"{model_id} names a mixture-of-experts {declared.name}")
     check_model_in_vllm(resolution, declared)
     if not exact:
         notes.append(f"{model_id} is not the declared download of {declared.name} "
