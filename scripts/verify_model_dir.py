@@ -54,12 +54,12 @@ if __name__ == "__main__" and sys.version_info < MIN_PYTHON:
 try:
     from minicpmv_ascend.common.model_files import checkpoint_problems
     from minicpmv_ascend.common.models import MODELS, model_for_config
-    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings
+    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings, template_text_findings
 except ImportError:  # a checkout where the package is not installed: its src/
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "src"))
     from minicpmv_ascend.common.model_files import checkpoint_problems
     from minicpmv_ascend.common.models import MODELS, model_for_config
-    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings
+    from minicpmv_ascend.common.release_shape import canvas_findings, shape_findings, template_text_findings
 
 # Every declared model's architecture (common/models.py: one declaration per model).
 EXPECTED_ARCHITECTURES = tuple(m.architecture for m in MODELS.values())
@@ -115,7 +115,7 @@ def release_shape(model_dir):
         return [], []
     errors, warnings = canvas_findings(config, model)
     more_errors, more_warnings = shape_findings(model_dir, config, model)
-    return errors + more_errors, warnings + more_warnings
+    return errors + more_errors, warnings + more_warnings + template_text_findings(model_dir, model)
 
 
 def verdict(model_dir, must_exist):

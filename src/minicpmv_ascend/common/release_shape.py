@@ -113,7 +113,7 @@ def canvas_findings(config, model):
 
 def shape_findings(model_dir, config, model):
     """(errors, warnings) about a complete checkpoint of `model` (common.models) beyond the canvas
-    fields. Errors: what vLLM cannot serve as this model (the launcher exits 2); warnings: what
+    fields and the template's text (template_text_findings). Errors: what vLLM cannot serve as this model (the launcher exits 2); warnings: what
     differs from the kit's checkpoint but is served. Only models with canvas M-RoPE (4.7) are
     checked: the 4.6 release is what the kit was built on."""
     errors, warnings = [], []
@@ -133,16 +133,25 @@ def shape_findings(model_dir, config, model):
             warnings.append("the processor config names {} {} where the kit's transformers maps {} to {}{}".format(
                 key, named.get(key) or "nothing", model.model_type, declared[key],
                 "" if named.get(key) else " (the default applies)"))
-    template, source = chat_template(model_dir)
-    if template is None:
+    if chat_template(model_dir)[0] is None:
         errors.append("no chat template (chat_template.jinja, or chat_template in tokenizer_config.json): "
                       "vLLM would refuse every chat request")
-    else:
-        if model.thinking_switch and "enable_thinking" not in template:
-            warnings.append(f"the chat template in {source} never reads enable_thinking: thinking cannot be switched "
-                            "per request, and the reasoning parser is told it is")
-        missing = [m for m in TOOL_CALL_MARKERS if m not in template]
-        if missing:
-            warnings.append("the chat template in {} has no {}: its tool calls are not in qwen3_coder's format "
-                            "(TOOL_CALL_PARSER), so calls would come back as text".format(source, ", ".join(missing)))
     return errors, warnings
+
+
+def template_text_findings(model_dir, model):
+    """Warnings about the chat template read as text, where nothing can render it (the host has no
+    Jinja; the launcher renders it instead: settings.checks.template_findings): its thinking switch
+    and its tool-call format."""
+    template, source = chat_template(model_dir)
+    if template is None or not model.canvas_mrope:
+        return []
+    warnings = []
+    if model.thinking_switch and "enable_thinking" not in template:
+        warnings.append(f"the chat template in {source} never reads enable_thinking: thinking cannot be switched "
+                        "per request, and the reasoning parser is told it is")
+    missing = [m for m in TOOL_CALL_MARKERS if m not in template]
+    if missing:
+        warnings.append("the chat template in {} has no {}: its tool calls are not in qwen3_coder's format "
+                        "(TOOL_CALL_PARSER), so calls would come back as text".format(source, ", ".join(missing)))
+    return warnings

@@ -294,7 +294,7 @@ def check_release_shape(resolution: Resolution, model_dir: pathlib.Path, config:
     if template is not None:
         template_errors, template_warnings = template_findings(template, source)
         errors += template_errors
-        warnings = [w for w in warnings if "chat template" not in w] + template_warnings
+        warnings += template_warnings
     if errors:
         setting, model = SETTINGS_BY_NAME["model_path"], resolution.values["model_path"]
         raise error(setting, model, f"{model_dir} is not servable as {served.name}: {'; '.join(errors)}",
