@@ -72,6 +72,11 @@ def seqlens(lengths: list[int], device: Any) -> tuple[Any, Any]:
             torch.tensor(max(lengths), dtype=torch.int32, device=where))
 
 
+def slice_lengths(tgt_sizes: Any) -> list[int]:
+    """Patches per slice (height x width of each row of `tgt_sizes`), as Python ints."""
+    return [int(h) * int(w) for h, w in tgt_sizes.tolist()]
+
+
 def attention(self_attn: Any, hidden_states: Any, cu_seqlens: Any, max_seqlen: Any) -> Any:
     """`Idefics2VisionAttention.forward` on a packed `(tokens, hidden)` sequence: its own
     projections, attention through its own `MMEncoderAttention` with `cu_seqlens`."""
@@ -106,7 +111,7 @@ def get_vision_hidden_states(self: Any, data: Any, downsample_mode: str | None =
 
     pixel_values = data["pixel_values"]
     tgt_sizes = data["tgt_sizes"]
-    lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]  # patches per slice
+    lengths = slice_lengths(tgt_sizes)
     if original is not None and len(set(lengths)) == 1:
         return original(self, data, downsample_mode)
     batch = len(pixel_values)
@@ -149,7 +154,7 @@ def encode(self: Any, hidden_states: Any, lengths: list[int], tgt_sizes: Any,
             sizes.append(size)
         hidden_states = torch.cat(merged)
         tgt_sizes = torch.cat(sizes)
-        lengths = [int(h) * int(w) for h, w in tgt_sizes.tolist()]
+        lengths = slice_lengths(tgt_sizes)
         cu_seqlens, max_seqlen = seqlens(lengths, device)
     for layer in self.vpm.encoder.layers[insert_layer_id + 1:]:
         hidden_states = encoder_layer(layer, hidden_states, cu_seqlens, max_seqlen)
