@@ -158,10 +158,10 @@ CASES: tuple[Case, ...] = (
 
 
 def markdown_table() -> str:
-    rows = ["| # | area | bad setting | given as | message names | fix mentions |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| # | bad setting | given as | message names | fix mentions |",
+            "|---|---|---|---|---|"]
     for number, c in enumerate(CASES, 1):
         judge = " (vLLM's parser)" if c.vllm else ""
-        rows.append(f"| {number} | {c.area} | {c.what}{judge} | {c.given} | `{c.key}` "
+        rows.append(f"| {number} | {c.what}{judge} | {c.given} | `{c.key}` "
                     f"| {c.fix.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
