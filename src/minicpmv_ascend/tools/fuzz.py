@@ -66,9 +66,9 @@ N_CAP = 4
 MAX_MODEL_LEN = 8192  # the kit's default max_model_len: values above it are left to vLLM's 400
 VLLM_MAX_N = 16384  # vLLM 0.32's own limit on n ("n must be at most 16384")
 
-# Every answer within this bound. Measured on the 2-core machine with the tiny checkpoint (the
-# slowest answers of the fuzz runs in docs/reliability.md: 1-3 s for 4 choices x 32 tokens, or
-# a beam search of width 4, quiet machine); 30 s leaves a factor 10 for a machine shared with
+# Every answer within this bound. On a quiet 2-core machine with the tiny checkpoint the slowest
+# answers of a fuzz run (each request's `seconds` in its report) take 1-3 s: 4 choices x 32 tokens, or a beam
+# search of width 4; 30 s leaves a factor 10 for a machine shared with
 # other servers, and is far below what a stuck engine or a runaway generation would take.
 RESPONSE_BOUND_S = 30.0
 REQUEST_TIMEOUT_S = 2 * RESPONSE_BOUND_S  # a request that takes longer is reported as a timeout
