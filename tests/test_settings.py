@@ -670,4 +670,8 @@ def test_markdown_table_lists_every_setting():
     assert len(lines) == 2 + len(SETTINGS)
     for s, line in zip(SETTINGS, lines[2:]):
         assert line.startswith(f"| `{s.name}` | `{s.env}` |")
-        assert line.count("|") == 7, line  # no stray pipe from a help text breaks the table
+        assert line.count("|") == 5, line  # no stray pipe from a help text breaks the table
+    full = subprocess.run([sys.executable, "-m", "minicpmv_ascend.settings", "--describe", "MAX_NUM_SEQS"],
+                          capture_output=True, text=True, check=True).stdout
+    assert full.startswith("max_num_seqs (env MAX_NUM_SEQS; vLLM: --max-num-seqs)")
+    assert settings.SETTINGS_BY_NAME["max_num_seqs"].help in full

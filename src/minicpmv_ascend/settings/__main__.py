@@ -1,4 +1,4 @@
-"""`python -m minicpmv_ascend.settings --markdown`: the configuration reference table."""
+"""`python -m minicpmv_ascend.settings --markdown`: the configuration reference table; `--describe [KEY ...]`: each setting in full."""
 
 import sys
 

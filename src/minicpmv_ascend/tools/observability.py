@@ -309,9 +309,8 @@ def alerts_markdown() -> str:
     for rule in rules("alert"):
         lines.append(f"| `{rule['alert']}` | `{_cell(rule['expr'])}` | {_duration(rule)} | "
                      f"{rule['labels']['severity']} | {_cell(rule['annotations']['runbook'])} |")
-    lines += ["", "| recording rule | expression |", "|---|---|"]
-    for rule in rules("record"):
-        lines.append(f"| `{rule['record']}` | `{_cell(rule['expr'])}` |")
+    records = ", ".join(f"`{rule['record']}`" for rule in rules("record"))
+    lines += ["", f"Recording rules (their expressions: rules.yaml): {records}."]
     return "\n".join(lines) + "\n"
 
 
@@ -332,16 +331,14 @@ def metrics_markdown() -> str:
     """docs/observability.md's table of the metrics read, with the releases that export them."""
     sources = {VLLM: "vLLM", HTTP: "vLLM's HTTP layer", PROCESS: "API server process", SCRAPE: "Prometheus",
                NPU_EXPORTER: "NPU Exporter (not run here)"}
-    header = "| metric | from | " + " | ".join(f"vLLM {r}" for r in RELEASES) + " | what it is |"
-    lines = [header, "|---|---|" + "---|" * len(RELEASES) + "---|"]
+    lines = [f"| metric | from | what it is (vLLM {', '.join(RELEASES)} export each vLLM metric unless it says) |",
+             "|---|---|---|"]
     for metric in METRICS:
         names = ", ".join(f"`{n}`" for n in metric.series_names()) if metric.kind != "histogram" \
             else f"`{metric.name}_bucket` (`_sum`, `_count`)"
-        if metric.source == NPU_EXPORTER:
-            cells = ["-"] * len(RELEASES)
-        else:
-            cells = ["yes" if release in metric.releases else "**no**" for release in RELEASES]
-        lines.append(f"| {names} | {sources[metric.source]} | " + " | ".join(cells) + f" | {_cell(metric.meaning)} |")
+        missing = [r for r in RELEASES if r not in metric.releases] if metric.source != NPU_EXPORTER else []
+        absent = f"; **not in vLLM {', '.join(missing)}**" if missing else ""
+        lines.append(f"| {names} | {sources[metric.source]} | {_cell(metric.meaning)}{absent} |")
     return "\n".join(lines) + "\n"
 
 
