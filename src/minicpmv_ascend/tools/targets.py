@@ -106,9 +106,8 @@ def markdown(table: dict[str, Any]) -> str:
                  proven]
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines = rows + ["", "Each fact's source: its target's `sources` in `deploy/ascend-targets.yaml`."]
-    still_open = [f"{tag} `{field}`" for tag, target in table["targets"].items() for field in target.get("open", [])]
-    lines += ["", "Open (no public source yet; `scripts/ascend_check.py` prints them from a running image): "
-              + (", ".join(still_open) or "none") + "."]
+    lines[-1] += (" `open`: no public source yet; `scripts/ascend_check.py` prints it from a running image."
+                  if any(target.get("open") for target in table["targets"].values()) else "")
     pre = [tag for tag, target in table["targets"].items() if target.get("pre_release")]
     if pre:
         lines += ["", f"Pre-release ({', '.join(pre)}): a vllm-ascend release candidate, built only on request "
