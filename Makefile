@@ -218,8 +218,8 @@ docs: venv $(PLUGIN_TARGETS:%=venv-%)
 	$(VPY) scripts/doc_tables.py --write --all
 	$(VPY) -m minicpmv_ascend.tools.observability --write
 
-# The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md and
-# docs/deploy-ascend.md, from each venv's own plugin decisions (scripts/patch_table.py), alone.
+# The table "plugin patch x vLLM -> applied / not needed" in plugin/README.md, from each venv's
+# own plugin decisions (scripts/patch_table.py), alone.
 patch-table: venv $(PLUGIN_TARGETS:%=venv-%)
 	$(VPY) scripts/doc_tables.py --write patch-table
 

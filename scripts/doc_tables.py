@@ -59,7 +59,7 @@ TABLES: tuple[Table, ...] = (
     Table("bad-requests", ("docs/reliability.md",), "support.bad_requests:markdown_table"),
     # Each column from one venv's plugin decisions: plugin/tests/core/test_register.py checks each target's
     # column in its venv, tests/test_plugin_targets.py the CPU column and the rows (`make patch-table`).
-    Table("patch-table", ("plugin/README.md", "docs/deploy-ascend.md"),
+    Table("patch-table", ("plugin/README.md",),
           "doc_tables:patch_table_markdown", needs="the target venvs (make patch-table)"),
     # plugin/README.md's per-patch prose, from each patch's declaration (no target venv needed).
     Table("patch-list", ("plugin/README.md",), "patch_table:patch_list"),

@@ -12,7 +12,7 @@ the result as JSON; the table is rendered from those results. Every patch in
 `minicpmv_ascend_plugin.PATCHES` is a row, so new patches appear without touching this script.
 
 The table lives between `<!-- patch-table:start -->` and `<!-- patch-table:end -->` in
-plugin/README.md and docs/deploy-ascend.md, written through the docs' one registry of generated
+plugin/README.md (docs/deploy-ascend.md links it), written through the docs' one registry of generated
 parts (scripts/doc_tables.py: `make patch-table`, or `make docs` for every part). Tests
 check each column against the decisions of its own venv (plugin/tests/core/test_register.py per target,
 tests/test_plugin.py for .venv).

