@@ -3,7 +3,9 @@ the command blocks an operator copies first (README.md, README.zh-CN.md and "The
 docs/deploy-ascend.md and its Chinese page) pass shellcheck, name files, make targets, overlays,
 flags and compose variables that exist, and mark each line that needs Docker or an NPU, which the
 operator checklist then covers; the Chinese pages carry the English pages' commands exactly (their
-comments may be translated). The unit tier: no server, no engine; shellcheck from .venv-lint
+comments may be translated: the README, and the first hour, mirrors and Kubernetes of the deployment
+guide); every repository path a page or an env file's or script's comment names exists; no file
+speaks of how the kit was made; the English pages stay within a size a reader takes in. The unit tier: no server, no engine; shellcheck from .venv-lint
 (`make lint-tools`).
 """
 
@@ -350,3 +352,53 @@ def test_no_file_speaks_of_how_it_was_made() -> None:
             continue
         found += [f"{name}:{number}: {what}: {line[:100]}" for number, what, line in making_lines(text)]
     assert not found, "\n".join(found)
+
+
+# The repository's own top-level folders: a word that starts with one of them names a file of the kit.
+OWN_FOLDERS = sorted({name.split("/", 1)[0] for name in MARKDOWN + subprocess.run(
+    ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split() if "/" in name})
+OWN_PATH = re.compile(rf"(?<![\w./~-])(?:{'|'.join(map(re.escape, OWN_FOLDERS))})/[\w./-]*\w")
+# Files whose comments name the kit's files to an operator: the env files and the scripts.
+COMMENTED = re.compile(r"(^|/)[\w.-]+\.env$|^(scripts|healthcheck|deploy/docker)/.+\.(py|sh)$")
+
+
+def missing_paths(spans: list[str]) -> list[str]:
+    """The repository paths named in these spans that do not exist (globs and placeholders aside)."""
+    missing = []
+    for span in spans:
+        if re.search(r"[*<>{}]|\.\.\.", span) or span.startswith("kubectl"):  # globs, placeholders, cluster names
+            continue
+        missing += [word for word in OWN_PATH.findall(span) if not (REPO / word).exists()]
+    return missing
+
+
+def test_the_path_check_sees_a_planted_path() -> None:
+    assert missing_paths(["see `docs/no-such-page.md`", "env/ascend.env", "deploy/k8s/*/kustomization.yaml",
+                          "https://example.com/docs/x", "/usr/local/Ascend/driver"]) == ["docs/no-such-page.md"]
+
+
+def test_every_repository_path_a_page_or_comment_names_exists() -> None:
+    """Backticked paths in every Markdown file, and the paths in the env files' and scripts'
+    comments, name files the repository has (a moved file leaves no stale pointer)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in MARKDOWN:
+        found += [f"{name}: {word}" for word in missing_paths(re.findall(r"`([^`\n]+)`", read(name)))]
+    for name in filter(COMMENTED.search, tracked):
+        comments = [line.split("#", 1)[1] for line in read(name).splitlines() if "#" in line]
+        found += [f"{name}: {word}" for word in missing_paths(comments)]
+    assert not found, "\n".join(sorted(set(found)))
+
+
+# What a reader can take in: the English pages (the Chinese ones are not counted, at 3 bytes a
+# character), no single page too long to read, and the maintainer's page short.
+ENGLISH_MARKDOWN_BYTES = 250 * 1024
+PAGE_BYTES = 40 * 1024
+DEVELOPMENT_BYTES = 12 * 1024
+
+
+def test_the_docs_stay_within_their_budget() -> None:
+    sizes = {name: len(read(name).encode()) for name in MARKDOWN if "zh-CN" not in name}
+    assert sum(sizes.values()) <= ENGLISH_MARKDOWN_BYTES, f"English Markdown {sum(sizes.values())} bytes"
+    assert not {n: s for n, s in sizes.items() if s > PAGE_BYTES}, "pages over 40 KB"
+    assert sizes["docs/development.md"] <= DEVELOPMENT_BYTES
