@@ -63,8 +63,6 @@ TABLES: tuple[Table, ...] = (
           "doc_tables:patch_table_markdown", needs="the target venvs (make patch-table)"),
     # plugin/README.md's per-patch prose, from each patch's declaration (no target venv needed).
     Table("patch-list", ("plugin/README.md",), "patch_table:patch_list"),
-    Table("patch-details", ("plugin/README.md",), "patch_table:patch_details"),
-    Table("patch-evidence-0.30.0", ("plugin/README.md",), "patch_table:patch_evidence"),
 )
 
 

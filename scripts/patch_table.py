@@ -17,11 +17,10 @@ parts (scripts/doc_tables.py: `make patch-table`, or `make docs` for every part)
 check each column against the decisions of its own venv (plugin/tests/core/test_register.py per target,
 tests/test_plugin.py for .venv).
 
-The per-patch prose of plugin/README.md (the patch list, "Details and evidence", and the wheel
-evidence per vLLM release) is generated too, from what each patch declares (`Patch.fixes`,
-`.upstream`, `.tests`, `.delete_when`, `.details`, `.evidence`): `patch_list()`,
-`patch_details()` and `patch_evidence(vllm)` return the Markdown between their markers, need no
-target venv, and are entries of the same registry (tests/test_doc_tables.py keeps them in sync).
+plugin/README.md's patch list is generated too, from each patch's record: `patch_list()` links
+every patch to its record (which alone holds the bug, upstream, tests, details and evidence) and
+says when it can go; it needs no target venv and is an entry of the same registry
+(tests/test_doc_tables.py and plugin/tests/core/test_patch_docs.py keep it in sync).
 
 Usage (with any venv's python):
     python scripts/patch_table.py --decisions   this interpreter's decisions, as JSON
@@ -168,44 +167,25 @@ def _patches() -> tuple[Any, ...]:
     return plugin.PATCHES
 
 
-def _files(patch: Any) -> str:
-    """The patch's module and the files it names, as paths in the package (patches/api/reasoning.py)."""
+def _records(patch: Any) -> str:
+    """Links, from plugin/README.md, to the patch's record and the files it names
+    ([api/reasoning.py](minicpmv_ascend_plugin/patches/api/reasoning.py))."""
     import minicpmv_ascend_plugin as plugin  # its public API (docs/architecture.md, rule 7)
 
     module = dict(zip((p.name for p in plugin.PATCHES), plugin.PATCH_MODULES))[patch.name]
     folder, _, own = module.replace(".", "/").rpartition("/")
-    return ", ".join(f"`{folder}/{name}`" for name in (f"{own}.py", *patch.files))
+    return ", ".join(f"[{folder.removeprefix('patches/')}/{name}](minicpmv_ascend_plugin/{folder}/{name})"
+                     for name in (f"{own}.py", *patch.files))
 
 
 def patch_list() -> str:
-    """plugin/README.md's "The patches" table: what each patch fixes, where, how it is tested,
-    when it can go (between `<!-- patch-list:start -->` and `<!-- patch-list:end -->`)."""
-    rows = ["| patch | module | fixes | upstream | test (bug without, fix with) | delete when |",
-            "|---|---|---|---|---|---|"]
+    """plugin/README.md's "The patches" table: each patch, the record that holds everything about
+    it (the bug, upstream, tests, details, each release's evidence) and when it can go (between
+    `<!-- patch-list:start -->` and `<!-- patch-list:end -->`)."""
+    rows = ["| patch | record | delete when |", "|---|---|---|"]
     for p in _patches():
-        cells = [f"`{p.name}`", _files(p), p.fixes, p.upstream, p.tests, p.delete_when]
-        rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def patch_details() -> str:
-    """plugin/README.md's "Details and evidence": one bullet per patch (between
-    `<!-- patch-details:start -->` and `<!-- patch-details:end -->`)."""
-    bullets = []
-    for p in _patches():
-        lines = textwrap.dedent(p.details).strip().splitlines()
-        bullets.append(f"- **{p.name}**: " + "\n  ".join(lines))
-    return "\n".join(bullets) + "\n"
-
-
-def patch_evidence(vllm: str = "0.30.0") -> str:
-    """plugin/README.md's "vLLM <release>: why each patch applies or not" table, from each
-    patch's `evidence[vllm]` (between `<!-- patch-evidence-<release>:start -->` and `...:end -->`)."""
-    rows = [f"| patch | {vllm} | evidence in the wheel |", "|---|---|---|"]
-    for p in _patches():
-        if vllm in p.evidence:
-            status, where = p.evidence[vllm]
-            rows.append(f"| `{p.name}` | {_cell(status)} | {_cell(where)} |")
+        cells = [f"`{p.name}`", _records(p), _cell(p.delete_when)]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 

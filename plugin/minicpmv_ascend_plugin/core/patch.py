@@ -27,21 +27,22 @@ class LayoutNotFound(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """One backport or fix, and everything plugin/README.md says about it.
+    """One backport or fix, and everything there is to say about it (plugin/README.md links here).
 
     `check(target)` returns None when the patch applies and otherwise the reason it does not
     (feature detection first, version second), or raises `LayoutNotFound` when the code it reads
     is not there; `apply(target)` changes vLLM. `target` is the model module for AT_MODEL_IMPORT
     patches and None for AT_REGISTER ones.
 
-    The rest is documentation, rendered into plugin/README.md's tables by scripts/patch_table.py
-    (Markdown; `make patch-table` writes them, a test keeps them in sync): `upstream` (the upstream
-    bug or fix, or "none" and where the bug is), `fixes` (the bug, or what the patch changes),
-    `tests` (the tests that show the bug without and the fix with the patch), `delete_when` (when
-    the patch can go), `details` (how it works and how its predicate decides; continuation lines
-    unindented), `evidence` (per vLLM release: (decision, where in that release's wheel it is
-    decided)) and `files` (the modules that hold it, when more than its own). What the module's
-    code holds, the prose takes from its constants (plugin/tests/core/test_patch_docs.py).
+    The rest is documentation, read here (Markdown): `summary` (one line: the patch table,
+    `ascend_check.py`, `--decide`), `upstream` (the upstream bug or fix, or "none" and where the
+    bug is), `fixes` (the bug, or what the patch changes), `tests` (the tests that show the bug
+    without and the fix with the patch), `delete_when` (when the patch can go; plugin/README.md's
+    patch list shows it beside a link to the record), `details` (how it works and how its
+    predicate decides; continuation lines unindented), `evidence` (per vLLM release: (decision,
+    where in that release's wheel it is decided)) and `files` (the modules that hold it, when more
+    than its own). What the module's code holds, the prose takes from its constants
+    (plugin/tests/core/test_patch_docs.py).
     """
 
     name: str

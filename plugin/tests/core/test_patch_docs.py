@@ -1,5 +1,6 @@
-"""A patch is declared once: every patch module is in `PATCH_MODULES`, each declaration carries the
-prose plugin/README.md shows (generated from it, kept in sync here), its evidence agrees with
+"""A patch is declared once: every patch module is in `PATCH_MODULES`, each declaration carries its
+prose (the record is the one place for it; plugin/README.md lists each patch with a link to its
+record, generated and kept in sync here), its evidence agrees with
 `_target.NEEDED`, and a predicate whose vLLM code is not there says "layout not found" (never a
 silent "not needed").
 
@@ -64,6 +65,22 @@ def test_every_patch_module_is_listed_once_with_its_prose():
         missing = [f for f in ("summary", "upstream", "fixes", "tests", "delete_when", "details")
                    if not getattr(patch, f).strip()]
         assert not missing, f"{patch.name} declares no {', '.join(missing)}"
+
+
+def test_the_readme_lists_every_patch_with_its_record():
+    """plugin/README.md's patch list is what the records make now, and names each patch once with a
+    link to its record file (`make docs` rewrites it)."""
+    import minicpmv_ascend_plugin as plugin
+
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n", text.index("<!-- patch-list:start")) + 1
+    listed = text[start:text.index("<!-- patch-list:end -->")]
+    assert listed == patch_table().patch_list(), "plugin/README.md's patch list is stale: run `make docs`"
+    rows = listed.splitlines()[2:]
+    assert [row.split("`")[1] for row in rows] == [p.name for p in plugin.PATCHES]
+    for row, module in zip(rows, plugin.PATCH_MODULES):
+        record = "minicpmv_ascend_plugin/" + module.replace(".", "/") + ".py"
+        assert f"]({record})" in row and (README.parent / record).is_file(), (row, record)
 
 
 def test_declared_wheel_evidence_agrees_with_needed(target):
