@@ -20,6 +20,8 @@
 #                   OpenBMB/MiniCPM-V-4.6)
 #   MODEL_REVISION  branch, tag or commit to download (default: the repository's default branch)
 #   MODELSCOPE      the modelscope command (default: modelscope)
+#   MODEL_DIR_ON_HOST  the host folder mounted as MODEL_DIR, for the closing hint (compose's
+#                   `weights` service sets it)
 #   PYTHON          Python that runs scripts/verify_model_dir.py (default: python3; 3.7 or newer,
 #                   standard library only: the Python of Kylin V10 / EulerOS hosts will do)
 #
@@ -103,5 +105,7 @@ case "$status" in
        exit 4 ;;
 esac
 
-echo "== done. Serve it with MODEL_PATH=/models/${dest##*/} and $model_dir mounted at /models:"
-echo "   MODEL_DIR=$model_dir docker compose up -d minicpmv"
+# In compose's `weights` service MODEL_DIR is the container's /models: name the host's folder.
+host_dir="${MODEL_DIR_ON_HOST:-$model_dir}"
+echo "== done. Serve it with MODEL_PATH=/models/${dest##*/} and $host_dir mounted at /models:"
+echo "   MODEL_DIR=$host_dir docker compose up -d minicpmv"

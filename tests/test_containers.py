@@ -15,6 +15,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import time
@@ -24,6 +25,7 @@ import pytest
 from minicpmv_ascend.tools.lifecycle import free_port
 from support.ascend_stand_in import HAL_ERROR
 from support.containers import (
+    ASCEND_FIRST_HOUR,
     CPU_WALK,
     HOST_CA_BUNDLE,
     PROJECT,
@@ -44,7 +46,7 @@ from support.containers import (
     step,
     torch_index,
 )
-from support.deploy import ASCEND_ENV, env_mapping, project_image
+from support.deploy import ASCEND_ENV, FAKE_MODELSCOPE, env_mapping, project_image
 from support.raw_http import send
 
 pytestmark = pytest.mark.container
@@ -278,6 +280,36 @@ def test_the_ascend_image_builds_on_the_stand_in_base(base_env, project, workdir
     assert started.returncode == 2, started.stdout + started.stderr
     assert "with-cann-env.sh" not in started.stderr, "CANN's environment was set up"
     assert "configuration error in `NPU driver`" in started.stderr and HAL_ERROR in started.stderr, started.stderr
+    the_weights_service_downloads_into_models(env, project, workdir, model)
+
+
+def the_weights_service_downloads_into_models(env, project: pathlib.Path, workdir: pathlib.Path,
+                                              checkpoint: pathlib.Path) -> None:
+    """The first hour's `docker compose run --rm weights`: the image's own download script writes
+    into ./models, a folder the host's root made (mode 0755), files the server's UID 1000 reads.
+    The stand-in base has no modelscope and no hub is reachable: a stand-in CLI, mounted, copies
+    the tiny checkpoint (what it cannot show: the real CLI and ModelScope)."""
+    hub = workdir / "hub"
+    shutil.rmtree(hub, ignore_errors=True)
+    shutil.copytree(checkpoint, hub / "model")
+    (hub / "modelscope").write_text(FAKE_MODELSCOPE.format(python="/usr/bin/env python3"))
+    run(["chmod", "-R", "a+rX,a+x", str(hub)], env)
+    models = project / "models"
+    shutil.rmtree(models, ignore_errors=True)
+    models.mkdir(mode=0o755)
+    *command, service = shlex.split(ASCEND_FIRST_HOUR["weights"])
+    stand_in = ["--volume", f"{hub}:/hub:ro", "--env", "MODELSCOPE=/hub/modelscope",
+                "--env", "FAKE_MODELSCOPE_SOURCE=/hub/model", "--env", "FAKE_MODELSCOPE_LOG=/tmp/modelscope-args.json"]
+    try:
+        result = run(shlex.join([*command, *stand_in, service]), env, cwd=project, timeout=300)
+        dest = models / "MiniCPM-V-4.6-Thinking"
+        assert "== done" in result.stdout and "MODEL_DIR=./models docker compose up -d minicpmv" in result.stdout, \
+            result.stdout
+        files = sorted(p.name for p in dest.iterdir())
+        assert files == sorted(p.name for p in checkpoint.iterdir()), files
+        assert all(p.stat().st_mode & 0o004 for p in dest.iterdir()), "readable by the server's UID 1000"
+    finally:
+        shutil.rmtree(models, ignore_errors=True)
 
 
 def test_the_builds_download_through_the_ca_bundle_they_are_given(base_env, project, workdir) -> None:

@@ -173,6 +173,22 @@ def test_cpu_service_is_a_profile_built_from_dockerfile_cpu_with_its_env_file() 
     assert mounts(service)["/home/minicpmv/.cache"]["type"] == "volume"
 
 
+def test_the_weights_service_downloads_into_model_dir_with_the_servers_image() -> None:
+    """`docker compose run --rm weights`: the script of the image the server runs, MODEL_DIR mounted
+    writable at /models (the server's mount is read-only), the host folder named for the hint, and
+    no device, port or group: it is not a server."""
+    services = compose(MODEL_DIR="/srv/models")["services"]
+    weights = services["weights"]
+    assert weights["profiles"] == ["weights"] and weights["image"] == services["minicpmv"]["image"]
+    assert weights["entrypoint"] == ["/opt/minicpmv-ascend/scripts/download_weights.sh"]
+    assert weights["command"] == ["/models"]
+    assert weights["environment"] == {"MODEL_DIR": "/models", "MODEL_DIR_ON_HOST": "/srv/models"}
+    models = mounts(weights)["/models"]
+    assert models["source"] == "/srv/models" and not models.get("read_only")
+    assert mounts(services["minicpmv"])["/models"]["read_only"]
+    assert not {"devices", "ports", "group_add", "healthcheck"} & set(weights)
+
+
 def test_the_driver_group_is_required_not_defaulted() -> None:
     """No silent 1000: compose stops on every command until HWHIAIUSER_GID is set, and says where
     the number comes from (the device node, right even with a custom driver user)."""
@@ -289,12 +305,14 @@ def test_a_choice_made_once_holds_for_build_up_and_ps(choice: str, tmp_path) -> 
     run_lines([ASCEND_FIRST_HOUR["gid"], CHOICES[choice]], tmp_path)
     seen = {name: as_seen_by(ASCEND_FIRST_HOUR[name], tmp_path)["services"]["minicpmv"]
             for name in ("build", "up", "ps", "down")}
+    weights = as_seen_by(ASCEND_FIRST_HOUR["weights"], tmp_path)["services"]["weights"]
     tag = {"a3": TARGETS_TABLE["default"], "v0.23.0": "v0.23.0", "minicpm-v-4.7": "v0.32.0rc1"}[choice]
     variant = "a3" if choice == "a3" else "a2"
     for name, service in seen.items():
         assert service["image"] == project_image(variant, tag), name
         assert service["build"]["args"]["VLLM_ASCEND_VERSION"] == tag and service["build"]["args"]["ASCEND_TARGET"] == variant
         assert service["group_add"] == [TEST_GID]
+    assert weights["image"] == project_image(variant, tag), "the download runs the image build made"
     model = seen["up"]["environment"]["MODEL_PATH"]
     assert model == ("/models/MiniCPM-V-4.7-1B" if choice == "minicpm-v-4.7" else env_mapping(ASCEND_ENV)["MODEL_PATH"])
 

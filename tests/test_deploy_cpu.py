@@ -92,7 +92,7 @@ def declared_healthchecks() -> dict[str, list[str]]:
         checks[f"{name} HEALTHCHECK"] = next(exec_form(i) for i in stage if i.name == "HEALTHCHECK")
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     for service, spec in compose["services"].items():
-        if service == "lb":  # nginx checks itself (its /lb-health; tests/test_fleet.py runs it)
+        if service in ("lb", "weights"):  # nginx checks itself (tests/test_fleet.py); weights: a one-off download
             continue
         test = spec["healthcheck"]["test"]
         assert test[0] == "CMD", f"{service}: exec form (no shell in the container's health check)"

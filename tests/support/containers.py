@@ -85,6 +85,7 @@ README_CURL = """curl -s localhost:8000/v1/chat/completions -H 'Content-Type: ap
 ASCEND_FIRST_HOUR = {
     "gid": 'echo "HWHIAIUSER_GID=$(stat -c %g /dev/davinci_manager)" >> .env',
     "build": "docker compose build",
+    "weights": "docker compose run --rm weights",
     "up": "docker compose up -d minicpmv",
     "ps": "docker compose ps",
     "down": "docker compose down",
@@ -358,6 +359,7 @@ def compose_file_config(env: dict[str, str], dotenv: pathlib.Path | None = None)
     and, as its .env, `dotenv` (by default none: never a .env the checkout happens to hold). No
     engine is needed. A file Compose refuses raises CommandFailed with Compose's message."""
     argv = [str(compose_binary()), "--env-file", str(dotenv or os.devnull), "--profile", "fleet", "--profile", "cpu",
+            "--profile", "weights",
             "config", "--format", "json"]
     return json.loads(run(argv, {"PATH": os.environ["PATH"], **env}, timeout=60).stdout)
 
