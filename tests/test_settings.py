@@ -22,6 +22,7 @@ from minicpmv_ascend.settings import (
     build_plan,
     check_with_vllm,
     checks,
+    docs,
     layers,
     resolve,
     vllm_check,
@@ -675,3 +676,49 @@ def test_markdown_table_lists_every_setting():
                           capture_output=True, text=True, check=True).stdout
     assert full.startswith("max_num_seqs (env MAX_NUM_SEQS; vLLM: --max-num-seqs)")
     assert settings.SETTINGS_BY_NAME["max_num_seqs"].help in full
+
+
+def brief_faults(setting: settings.Setting) -> list[str]:
+    """Why the setting's brief (its help text's first sentence, the table's meaning cell) is not one
+    complete sentence that fits the table; empty when it is."""
+    line, faults = docs.brief(setting), []
+    if len(line) > docs.BRIEF_MAX_CHARS:
+        faults.append(f"{len(line)} characters, over {docs.BRIEF_MAX_CHARS}: shorten the first sentence")
+    if not line.endswith("."):
+        faults.append("does not end with a full stop")
+    if setting.help != line and not setting.help.startswith(line + " "):
+        faults.append("is not the help text's first sentence")
+    for opening, closing in ("()", "[]", "{}"):
+        if line.count(opening) != line.count(closing):
+            faults.append(f"unbalanced {opening}{closing}: the sentence was cut inside them")
+    for mark in ("`", '"'):
+        if line.count(mark) % 2:
+            faults.append(f"unbalanced {mark}: the sentence was cut inside a quote")
+    return faults
+
+
+def test_every_brief_is_one_complete_sentence_that_fits_the_table():
+    faults = {s.name: f for s in SETTINGS if (f := brief_faults(s))}
+    assert not faults, faults
+
+
+@pytest.mark.parametrize("help_text, expected", [
+    ("Overrides merged into config.json, e.g. the M-RoPE fix. More.",
+     "Overrides merged into config.json, e.g. the M-RoPE fix."),
+    ("Hosts such as `a.example. B` only; empty: none. auto: more.", "Hosts such as `a.example. B` only; empty: none."),
+    ("Dtype of the state. auto: the checkpoint's.", "Dtype of the state."),  # a lower-case next sentence
+    ("Bearer token (`Authorization: Bearer ...`). Secret.", "Bearer token (`Authorization: Bearer ...`)."),
+    ("One sentence, no full stop", "One sentence, no full stop"),
+])
+def test_brief_is_the_first_sentence(help_text, expected):
+    assert docs.brief(settings.Setting("x", str, "", help_text)) == expected
+
+
+@pytest.mark.parametrize("help_text, fault", [
+    ("A first sentence that goes on " + "and on " * 20 + "past one table cell. Details.", "characters, over"),
+    ("One sentence, no full stop", "full stop"),
+    ("Cut inside parentheses (see. Docs) here.", "unbalanced ()"),
+])
+def test_brief_faults_catch_a_bad_first_sentence(help_text, fault):
+    faults = brief_faults(settings.Setting("x", str, "", help_text))
+    assert any(fault in f for f in faults), faults

@@ -1,7 +1,9 @@
 """The configuration reference: the Markdown table docs/configuration.md embeds
 (`python -m minicpmv_ascend.settings --markdown`; tests/test_doc_tables.py keeps it in sync, through
 the registry in scripts/doc_tables.py): per setting its YAML key, env var, default and one line of
-meaning. The whole help text, type and vLLM flag of each: `python -m minicpmv_ascend.settings --describe`.
+meaning, the first sentence of its help text in table.py (each help text starts with that line, so the
+meaning is declared once). The whole help text, type and vLLM flag of each:
+`python -m minicpmv_ascend.settings --describe`.
 """
 
 from __future__ import annotations
@@ -16,43 +18,12 @@ from minicpmv_ascend.settings.plan import setting_argv
 from minicpmv_ascend.settings.table import SETTINGS, Setting
 from minicpmv_ascend.settings.types import describe_type
 
-# The table's one line where the help text's first sentence is too long for it.
-BRIEF = {
-    "served_model_name": "Model name clients send in the `model` field; auto: the checkpoint's "
-                         "(minicpm-v-4.6-thinking, minicpm-v-4.7).",
-    "data_parallel_size": "Engines in this one server, behind one port; the kit recommends one server per NPU "
-                          "instead (docs/deploy-ascend.md).",
-    "max_num_seqs": "Most requests batched together, and the most sequences (`n`) one request may ask for "
-                    "(past it: 400).",
-    "compilation_config": "vLLM's compilation config (JSON object); Ascend decode graphs: "
-                          "`{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}` with enforce_eager false.",
-    "reasoning_parser": "Splits `<think>` output into the `reasoning` field; auto: `minicpmv` if this vLLM "
-                        "has it, else `qwen3`; none: off.",
-    "default_thinking": "Whether a request that does not set `chat_template_kwargs.enable_thinking` thinks; "
-                        "auto: the model's default.",
-    "mamba_ssm_cache_dtype": "Dtype of the Gated DeltaNet recurrent state; auto: the checkpoint's (float32).",
-    "enable_auto_tool_choice": "Tool calling (`tools`, `tool_choice`), with the kit's tool-call guard "
-                               "(docs/applications.md).",
-    "tool_strict_level": "How far tool calls are constrained: parameter (arguments follow the schema), "
-                         "function (the call's shape), auto (vLLM's default).",
-    "shutdown_timeout": "Seconds in-flight requests may still run after SIGTERM; keep it below the "
-                        "orchestrator's grace period.",
-    "allowed_media_domains": "Which http(s) image URLs the server fetches: empty none, `public` (recommended), "
-                             "listed hosts, `*` any (docs/reliability.md).",
-    "media_url_fetches": "Most media URL fetches in flight, server-wide, in public mode; past it: 400.",
-    "max_image_aspect_ratio": "Longest side / shortest side an image may have; past it: 400.",
-    "allowed_local_media_path": "Server directory whose files clients may send as file:// URLs; empty: refused.",
-    "max_request_body_mb": "Largest request body in MiB; a larger one gets 413 before it is read.",
-    "media_uuids": "private: a media `uuid` never reaches another client's media; shared: vLLM's behaviour, "
-                   "for one trusted client.",
-    "allow_control_tokens": "Let message text contain the model's control tokens (chat-template markup); "
-                            "false: 400.",
-    "trust_request_mm_kwargs": "Accept per-request `mm_processor_kwargs` and `media_io_kwargs` from clients; "
-                               "false: 400.",
-    "max_media_megapixels": "Most pixels one request's media may decode to, in megapixels; past it: 400.",
-    "api_key": "API key clients send as `Authorization: Bearer ...`; only in vLLM's environment.",
-    "enable_admin_routes": "Serve vLLM's admin and scaling routes (with the API key); false: 403.",
-}
+# A sentence ends at a full stop followed by a space (or the end of the text), unless the stop
+# ends "e.g." or "i.e." or lies inside a `code span`; the next sentence may start in lower case
+# ("auto: ...", "false: ..."), as many help texts' second sentences do.
+_SENTENCE_END = re.compile(r"`[^`]*`|(?<!e\.g)(?<!i\.e)\.(?=\s|$)")
+# The longest first sentence a help text may have: one table cell (tests/test_settings.py checks each).
+BRIEF_MAX_CHARS = 150
 
 
 def _doc_flag(setting: Setting) -> str:
@@ -74,14 +45,15 @@ def _doc_flag(setting: Setting) -> str:
 
 
 def brief(setting: Setting) -> str:
-    """One line of meaning: BRIEF's, else the help text's first sentence."""
-    return BRIEF.get(setting.name) or re.split(r"(?<=\.)\s+(?=[A-Z0-9`])", setting.help, maxsplit=1)[0]
+    """One line of meaning: the help text's first sentence (each help text starts with one)."""
+    for match in _SENTENCE_END.finditer(setting.help):
+        if match.group() == ".":
+            return setting.help[:match.end()]
+    return setting.help
 
 
 def markdown_table() -> str:
     """The configuration reference (docs/configuration.md embeds it verbatim)."""
-    unknown = set(BRIEF) - {s.name for s in SETTINGS}
-    assert not unknown, f"BRIEF names no setting: {sorted(unknown)}"
     rows = ["| YAML key | env var | default | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         default = s.display(s.default)
