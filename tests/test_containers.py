@@ -285,8 +285,9 @@ def test_the_ascend_image_builds_on_the_stand_in_base(base_env, project, workdir
 
 def the_weights_service_downloads_into_models(env, project: pathlib.Path, workdir: pathlib.Path,
                                               checkpoint: pathlib.Path) -> None:
-    """The first hour's `docker compose run --rm weights`: the image's own download script writes
-    into ./models, a folder the host's root made (mode 0755), files the server's UID 1000 reads.
+    """The first hour's `docker compose run --rm weights`: the image's own download script, as the
+    image's user, refuses a folder only the host's root may write, naming it, and after the
+    documented `install -d` writes into ./models files the server reads.
     The stand-in base has no modelscope and no hub is reachable: a stand-in CLI, mounted, copies
     the tiny checkpoint (what it cannot show: the real CLI and ModelScope)."""
     hub = workdir / "hub"
@@ -296,12 +297,17 @@ def the_weights_service_downloads_into_models(env, project: pathlib.Path, workdi
     run(["chmod", "-R", "a+rX,a+x", str(hub)], env)
     models = project / "models"
     shutil.rmtree(models, ignore_errors=True)
-    models.mkdir(mode=0o755)
+    models.mkdir(mode=0o755)  # as the host's root makes it (or compose, mounting a missing folder)
     *command, service = shlex.split(ASCEND_FIRST_HOUR["weights"])
     stand_in = ["--volume", f"{hub}:/hub:ro", "--env", "MODELSCOPE=/hub/modelscope",
                 "--env", "FAKE_MODELSCOPE_SOURCE=/hub/model", "--env", "FAKE_MODELSCOPE_LOG=/tmp/modelscope-args.json"]
+    download = shlex.join([*command, *stand_in, service])
     try:
-        result = run(shlex.join([*command, *stand_in, service]), env, cwd=project, timeout=300)
+        refused = run(download, env, cwd=project, timeout=300, check=False)
+        assert refused.returncode == 2 and "cannot write to /models/MiniCPM-V-4.6-Thinking as uid 1000" in \
+            refused.stderr, refused.stdout + refused.stderr
+        run(ASCEND_FIRST_HOUR["models"], env, cwd=project)
+        result = run(download, env, cwd=project, timeout=300)
         dest = models / "MiniCPM-V-4.6-Thinking"
         assert "== done" in result.stdout and "MODEL_DIR=./models docker compose up -d minicpmv" in result.stdout, \
             result.stdout

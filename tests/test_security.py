@@ -597,8 +597,8 @@ def test_the_pod_check_catches_a_privileged_container(renderings) -> None:
 
 
 def test_the_model_is_mounted_read_only_everywhere_it_is_served(renderings) -> None:
-    """Only the download Job writes the weights; every server (and its init container) mounts them
-    read-only."""
+    """Only the download Job (compose: the `weights` service) writes the weights; every server (and
+    its init container) mounts them read-only."""
     for name, docs in renderings.items():
         for kind, pod in pod_templates(docs):
             if kind == "CronJob/minicpmv-download-weights":
@@ -609,7 +609,9 @@ def test_the_model_is_mounted_read_only_everywhere_it_is_served(renderings) -> N
                         assert mount.get("readOnly") is True, f"{name} {kind} {c['name']}"
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     for service, spec in compose["services"].items():
-        if service != "lb":  # the fleet's balancer serves no model: no weights mounted at all
+        if service == "weights":
+            assert spec["volumes"] == ["${MODEL_DIR:-./models}:/models"] and "command" in spec, "the one writer"
+        elif service != "lb":  # the fleet's balancer serves no model: no weights mounted at all
             assert [v for v in spec["volumes"] if v.endswith(":/models:ro")], service
         else:
             assert not [v for v in spec["volumes"] if "/models" in v]

@@ -85,6 +85,7 @@ README_CURL = """curl -s localhost:8000/v1/chat/completions -H 'Content-Type: ap
 ASCEND_FIRST_HOUR = {
     "gid": 'echo "HWHIAIUSER_GID=$(stat -c %g /dev/davinci_manager)" >> .env',
     "build": "docker compose build",
+    "models": "install -d -o 1000 -g 1000 models",
     "weights": "docker compose run --rm weights",
     "up": "docker compose up -d minicpmv",
     "ps": "docker compose ps",
