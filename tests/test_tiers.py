@@ -184,6 +184,7 @@ def events(inner: pytest.Pytester) -> list[tuple[str, str, str]]:
     return [tuple(line.split()) for line in (inner.path / "events.txt").read_text().splitlines()]
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_worker(inner: pytest.Pytester) -> None:
     """`make test`'s two workers (--dist loadgroup): the tests of a shared server all run on one
     worker, so each session fixture starts once (pytest 9.2 ignores pytest-xdist 3.8.0's own group
@@ -208,6 +209,7 @@ def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_work
                                  "least memory available while a test ran: * MiB, during test_inner.py::*"])
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pytester) -> None:
     """One worker runs every group in turn (--dist loadgroup, -n 1): each shared server starts once
     and is stopped before the next group's server starts, not at the session's end; the merged
@@ -226,6 +228,7 @@ def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pyt
     assert sorted(name for event, name, _ in events(inner) if event == "start") == ["other_server", "server", "server_47"]
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_without_workers_shared_servers_live_to_the_end(inner: pytest.Pytester) -> None:
     """One process, the tests in file order (a server's tests apart): nothing stops early, so
     nothing starts twice."""
