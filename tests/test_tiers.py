@@ -57,7 +57,9 @@ def test_an_engine_test_starting_more_engines_than_it_declares_fails(inner: pyte
     result.stdout.fnmatch_lines(["*test_two_engines_over_a_budget_of_one*beyond the test's declared engines=1*"])
 
 
-@pytest.mark.parametrize("marker", ["engine", "engine(engines=0)", "engine(engines='2')"])
+# Each an inner pytest run (~0.8 s): the bare marker in make check, the wrong budgets in make test.
+@pytest.mark.parametrize("marker", ["engine", *(pytest.param(m, marks=pytest.mark.slow)
+                                                for m in ("engine(engines=0)", "engine(engines='2')"))])
 def test_an_engine_test_without_a_budget_is_refused_at_collection(inner: pytest.Pytester, marker: str) -> None:
     inner.makepyfile(test_inner=f"import pytest\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     result = inner.runpytest_subprocess("-p", "no:cacheprovider")
@@ -259,6 +261,7 @@ def test_one_server_whose_child_keeps_its_command_line_for_a_while(tmp_path):
 '''
 
 
+@pytest.mark.slow  # an inner pytest run whose stand-in server forks and lives 1.2 s: ~3 s
 def test_a_fork_of_a_server_is_not_a_second_server(inner: pytest.Pytester) -> None:
     """vLLM forks its engine core, which keeps the API server's command line until it retitles
     itself: a scan in that window (likely under load) must not count a second server."""
