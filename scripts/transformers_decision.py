@@ -110,6 +110,7 @@ def target_pin(target: str | None, table: pathlib.Path = TABLE) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+@functools.cache  # pure; the tests ask it ~10^5 times about a few dozen strings
 def spec_contains(spec: str, version: str) -> bool:
     """Whether `version` satisfies every clause of `spec` ("" allows any version). Installed
     versions are judged as they are: a pre-release is not excluded for being one."""

@@ -37,6 +37,18 @@ def tiny_checkpoint_47(tmp_path_factory) -> pathlib.Path:
                 lambda out: generate(out, "tiny", seed=0, model_type="minicpmv4_7"))
 
 
+def _import_config_classes() -> None:
+    """transformers' config classes (they import torch: ~7 s of a config's ~8 s), for `once`'s
+    `meanwhile`: a worker waiting for another's config imports them in the meantime; the unit tier's
+    tokenizer, template and vLLM-parser tests import them in every worker anyway."""
+    import transformers
+
+    from minicpmv_ascend.common.models import MODELS
+
+    for model in MODELS.values():
+        getattr(transformers, model.transformers_config)
+
+
 def _config_only(model_type: str):
     """A checkpoint's files without weights (below), for `model_type`."""
     from minicpmv_ascend import checkpoint
@@ -61,13 +73,13 @@ def tiny_config(tmp_path_factory) -> pathlib.Path:
     so unit tests use it (test_checkpoint.py keeps it equal to the real one's files)."""
     from minicpmv_ascend.common.models import DEFAULT_MODEL_TYPE
 
-    return once(tmp_path_factory, "minicpmv46-tiny-config", _config_only(DEFAULT_MODEL_TYPE))
+    return once(tmp_path_factory, "minicpmv46-tiny-config", _config_only(DEFAULT_MODEL_TYPE), _import_config_classes)
 
 
 @pytest.fixture(scope="session")
 def tiny_config_47(tmp_path_factory) -> pathlib.Path:
     """`tiny_checkpoint_47` without its weights (as `tiny_config` is for 4.6)."""
-    return once(tmp_path_factory, "minicpmv47-tiny-config", _config_only("minicpmv4_7"))
+    return once(tmp_path_factory, "minicpmv47-tiny-config", _config_only("minicpmv4_7"), _import_config_classes)
 
 
 @pytest.fixture(scope="session")

@@ -44,9 +44,25 @@ def test_at_least_twenty_distinct_cases():
     assert len({json.dumps([c.env, c.args, c.given]) for c in CASES}) == len(CASES)
 
 
-# The cases vLLM's own parser judges import it (~10 s each): the slow tier.
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c.vllm else []) for c in CASES],
-                         ids=case_id)
+# The cases vLLM's own parser judges import it (~10 s each): the slow tier. Of the others, one or
+# more of each area and way of giving a setting (env, flag, YAML, a damaged checkpoint, a key file)
+# run in `make check` too; every case runs in `make test` (each is a process of its own: ~0.4-1 s).
+IN_CHECK = {
+    "port above 65535", "port 0 on the command line", "a boolean where a count belongs (YAML)",
+    "checkpoint with truncated weights", "unknown key (typo)", "a setting's flag given twice",
+    "API key given twice (env and file)", "a URL where a host name belongs",
+}
+
+
+def case_marks(case: Case) -> list[pytest.MarkDecorator]:
+    return [] if case.what in IN_CHECK and not case.vllm else [pytest.mark.slow]
+
+
+def test_the_cases_in_make_check_are_cases() -> None:
+    assert IN_CHECK <= {c.what for c in CASES if not c.vllm}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=case_marks(c)) for c in CASES], ids=case_id)
 def test_bad_setting_exits_2_fast_with_key_and_fix(case: Case, tiny_config, tmp_path, timings):
     args, env = case.inputs(tmp_path, tiny_config)
     bound = VLLM_PARSER_FAIL_S if case.vllm else FAST_FAIL_S

@@ -72,8 +72,9 @@ def test_tiny_config_is_the_tiny_checkpoint_without_its_weights(tiny_config, tin
         assert (tiny_config / name).read_bytes() == (tiny_checkpoint / name).read_bytes(), name
 
 
+@pytest.mark.slow  # imports torch and transformers' model code in this process: ~10 s of CPU where nothing had
 def test_full_preset_has_the_released_model_shapes(tmp_path):
-    """Built on the meta device (no memory, no time): ~1.3B parameters, the shapes of docs/design/model.md, "Architecture and shapes"."""
+    """Built on the meta device (no memory; the time is torch's and transformers' imports): ~1.3B parameters, the shapes of docs/design/model.md, "Architecture and shapes"."""
     import torch
     from transformers import MiniCPMV4_6ForConditionalGeneration
 

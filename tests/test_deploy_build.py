@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -81,17 +82,27 @@ SPECS = ["", ">=5.10.4", "<5.20.0,>=5.16.1", VLLM_TRANSFORMERS_REQUIREMENT["0.23
 VLLMS = ["0.23.0", "0.23.0+empty", "0.30.0", "0.32.0", "0.33.1", "0.34.0", "1.0.0"]
 
 
+# Parsed once each: the matrix below asks about the same few strings ~10^5 times.
+_version = functools.cache(PackagingVersion)
+_specifier = functools.cache(SpecifierSet)
+
+
+@functools.cache
+def _allowed(version: str, vllm: str, spec: str) -> bool:
+    v = _version(version)
+    old_vllm = _version(vllm).release[:2] <= (0, 33)
+    return _specifier(spec).contains(v, prereleases=True) and not (old_vllm and v >= _version("5.21"))
+
+
 def oracle(base: str | None, has_class: bool | list | None, vllm: str, spec: str, pin: str) -> str:
     """The transformers decision's rule, written independently with `packaging`."""
     def usable(version: str | None, known_class: bool | list | None) -> bool:
         if version is None or known_class is False or (isinstance(known_class, list) and known_class):
             return False
-        v = PackagingVersion(version)
-        old_vllm = PackagingVersion(vllm).release[:2] <= (0, 33)
-        return SpecifierSet(spec).contains(v, prereleases=True) and not (old_vllm and v >= PackagingVersion("5.21"))
+        return _allowed(version, vllm, spec)
     if usable(base, has_class):
         return "keep"
-    pin_class = has_class if base is not None and PackagingVersion(pin) == PackagingVersion(base) else None
+    pin_class = has_class if base is not None and _version(pin) == _version(base) else None
     return "install" if usable(pin, pin_class) else "fail"
 
 

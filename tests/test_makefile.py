@@ -240,6 +240,7 @@ sys.exit(3 if sys.argv[1] == "bad" else 0)
 """
 
 
+@pytest.mark.slow  # runs make test's setup phase: stand-in steps of 2 s each, side by side (~3 s)
 def test_make_test_runs_its_setup_steps_side_by_side_and_stops_after_a_failed_one(tmp_path) -> None:
     """The setup steps (a stand-in for `make STEP` that takes 2 s; `bad` fails, `lost` leaves no
     status) run at once: each is timed and its log printed, a failed one with its exit status (1 and
@@ -279,6 +280,7 @@ def test_test_times_tables_each_file_and_the_slowest_tests(tmp_path) -> None:
                     "| tests/test_b::test_two | 7.2 |"], out
 
 
+@pytest.mark.slow  # make test's CPU table: a recorder beside a process that burns, then idles (~4.5 s)
 def test_cpu_by_process_records_a_busy_child_and_sums_it_by_kind(tmp_path) -> None:
     """scripts/cpu_by_process.py beside a process that burns 1.5 CPU-seconds (then idles, so that a
     poll sees all of it): `record` keeps its CPU time and command line until SIGTERM, `report` puts

@@ -57,7 +57,9 @@ def test_an_engine_test_starting_more_engines_than_it_declares_fails(inner: pyte
     result.stdout.fnmatch_lines(["*test_two_engines_over_a_budget_of_one*beyond the test's declared engines=1*"])
 
 
-@pytest.mark.parametrize("marker", ["engine", "engine(engines=0)", "engine(engines='2')"])
+# Each an inner pytest run (~0.8 s): the bare marker in make check, the wrong budgets in make test.
+@pytest.mark.parametrize("marker", ["engine", *(pytest.param(m, marks=pytest.mark.slow)
+                                                for m in ("engine(engines=0)", "engine(engines='2')"))])
 def test_an_engine_test_without_a_budget_is_refused_at_collection(inner: pytest.Pytester, marker: str) -> None:
     inner.makepyfile(test_inner=f"import pytest\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     result = inner.runpytest_subprocess("-p", "no:cacheprovider")
@@ -184,6 +186,7 @@ def events(inner: pytest.Pytester) -> list[tuple[str, str, str]]:
     return [tuple(line.split()) for line in (inner.path / "events.txt").read_text().splitlines()]
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_worker(inner: pytest.Pytester) -> None:
     """`make test`'s two workers (--dist loadgroup): the tests of a shared server all run on one
     worker, so each session fixture starts once (pytest 9.2 ignores pytest-xdist 3.8.0's own group
@@ -208,6 +211,7 @@ def test_shared_server_tests_run_on_one_worker_and_the_summary_counts_every_work
                                  "least memory available while a test ran: * MiB, during test_inner.py::*"])
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pytester) -> None:
     """One worker runs every group in turn (--dist loadgroup, -n 1): each shared server starts once
     and is stopped before the next group's server starts, not at the session's end; the merged
@@ -226,6 +230,7 @@ def test_a_worker_stops_a_shared_server_when_its_group_is_done(inner: pytest.Pyt
     assert sorted(name for event, name, _ in events(inner) if event == "start") == ["other_server", "server", "server_47"]
 
 
+@pytest.mark.slow  # the shared servers' lifetimes (make test's; make check starts none), in an inner pytest run: ~4-6 s
 def test_without_workers_shared_servers_live_to_the_end(inner: pytest.Pytester) -> None:
     """One process, the tests in file order (a server's tests apart): nothing stops early, so
     nothing starts twice."""
@@ -256,6 +261,7 @@ def test_one_server_whose_child_keeps_its_command_line_for_a_while(tmp_path):
 '''
 
 
+@pytest.mark.slow  # an inner pytest run whose stand-in server forks and lives 1.2 s: ~3 s
 def test_a_fork_of_a_server_is_not_a_second_server(inner: pytest.Pytester) -> None:
     """vLLM forks its engine core, which keeps the API server's command line until it retitles
     itself: a scan in that window (likely under load) must not count a second server."""

@@ -7,6 +7,7 @@ linters installed by `make lint-tools`, and kustomize rendering through kubectl.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -415,15 +416,18 @@ def render_with_components(overlay: str, components: tuple[str, ...], tmp: pathl
 
 def render_everything(tmp_path_factory) -> dict[str, list[dict]]:
     """Each overlay alone, with every component that goes with it ("+components"), and with the
-    storage patch ("+storage"): every Kubernetes object this repository can produce."""
-    out = {}
+    storage patch ("+storage"): every Kubernetes object this repository can produce. The kubectl
+    runs go two at a time: a worker waiting for this (support/once.py) has a core idle meanwhile."""
+    renders = {}
     for overlay in OVERLAYS:
-        out[overlay] = render_kustomization(K8S / "overlays" / overlay)
-        out[f"{overlay}+components"] = render_with_components(
-            overlay, components_of(overlay), tmp_path_factory.mktemp(f"{overlay}-components"))
-        out[f"{overlay}+storage"] = render_with_components(
-            overlay, STORAGE_COMPONENTS, tmp_path_factory.mktemp(f"{overlay}-storage"))
-    return out
+        renders[overlay] = (render_kustomization, K8S / "overlays" / overlay)
+        renders[f"{overlay}+components"] = (render_with_components, overlay, components_of(overlay),
+                                            tmp_path_factory.mktemp(f"{overlay}-components"))
+        renders[f"{overlay}+storage"] = (render_with_components, overlay, STORAGE_COMPONENTS,
+                                         tmp_path_factory.mktemp(f"{overlay}-storage"))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(*render) for name, render in renders.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
