@@ -5,8 +5,8 @@ flags and compose variables that exist, and mark each line that needs Docker or 
 operator checklist then covers; the Chinese pages carry the English pages' commands exactly (their
 comments may be translated: the README, and the first hour, mirrors and Kubernetes of the deployment
 guide); every repository path a page or an env file's or script's comment names exists; no file
-speaks of how the kit was made; the English pages stay within a size a reader takes in. The unit tier: no server, no engine; shellcheck from .venv-lint
-(`make lint-tools`).
+speaks of how the kit was made; the English pages stay within a size a reader takes in. The unit
+tier: no server, no engine; shellcheck from .venv-lint (`make lint-tools`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import pytest
 from support.containers import ASCEND_FIRST_HOUR, CHOICES, CPU_WALK, README_CURL
 from support.server import REPO
 
-MARKDOWN = sorted(
-    subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True,
-                   check=True).stdout.split())
+TRACKED = sorted(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split())
+MARKDOWN = [name for name in TRACKED if name.endswith(".md")]
 DEPLOY = "docs/deploy-ascend.md"
 FIRST_HOUR = "## The first hour"
 # The pages whose command blocks are checked, and the section of each (None: the whole file).
@@ -340,9 +340,8 @@ def test_the_making_check_sees_a_planted_line() -> None:
 
 def test_no_file_speaks_of_how_it_was_made() -> None:
     """Docs, comments, docstrings, requirements headers and test names state what is true now."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     found = []
-    for name in tracked:
+    for name in TRACKED:
         path = REPO / name
         if WORDS_SKIP.search(name) or not path.is_file():
             continue
@@ -355,8 +354,7 @@ def test_no_file_speaks_of_how_it_was_made() -> None:
 
 
 # The repository's own top-level folders: a word that starts with one of them names a file of the kit.
-OWN_FOLDERS = sorted({name.split("/", 1)[0] for name in MARKDOWN + subprocess.run(
-    ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split() if "/" in name})
+OWN_FOLDERS = sorted({name.split("/", 1)[0] for name in TRACKED if "/" in name})
 OWN_PATH = re.compile(rf"(?<![\w./~-])(?:{'|'.join(map(re.escape, OWN_FOLDERS))})/[\w./-]*\w")
 # Files whose comments name the kit's files to an operator: the env files and the scripts.
 COMMENTED = re.compile(r"(^|/)[\w.-]+\.env$|^(scripts|healthcheck|deploy/docker)/.+\.(py|sh)$")
@@ -380,11 +378,10 @@ def test_the_path_check_sees_a_planted_path() -> None:
 def test_every_repository_path_a_page_or_comment_names_exists() -> None:
     """Backticked paths in every Markdown file, and the paths in the env files' and scripts'
     comments, name files the repository has (a moved file leaves no stale pointer)."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     found = []
     for name in MARKDOWN:
         found += [f"{name}: {word}" for word in missing_paths(re.findall(r"`([^`\n]+)`", read(name)))]
-    for name in filter(COMMENTED.search, tracked):
+    for name in filter(COMMENTED.search, TRACKED):
         comments = [line.split("#", 1)[1] for line in read(name).splitlines() if "#" in line]
         found += [f"{name}: {word}" for word in missing_paths(comments)]
     assert not found, "\n".join(sorted(set(found)))

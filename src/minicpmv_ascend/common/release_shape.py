@@ -113,8 +113,8 @@ def canvas_findings(config, model):
 
 def shape_findings(model_dir, config, model):
     """(errors, warnings) about a complete checkpoint of `model` (common.models) beyond the canvas
-    fields and the template's text (template_text_findings). Errors: what vLLM cannot serve as this model (the launcher exits 2); warnings: what
-    differs from the kit's checkpoint but is served. Only models with canvas M-RoPE (4.7) are
+    fields and the template's text (template_text_findings). Errors: what vLLM cannot serve as this
+    model (the launcher exits 2); warnings: what differs from the kit's checkpoint but is served. Only models with canvas M-RoPE (4.7) are
     checked: the 4.6 release is what the kit was built on."""
     errors, warnings = [], []
     if not model.canvas_mrope:
