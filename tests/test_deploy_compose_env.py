@@ -181,7 +181,7 @@ def test_the_weights_service_downloads_into_model_dir_with_the_servers_image() -
     weights = services["weights"]
     assert weights["profiles"] == ["weights"] and weights["image"] == services["minicpmv"]["image"]
     assert weights["entrypoint"] == ["/opt/minicpmv-ascend/scripts/download_weights.sh"]
-    assert weights["command"] == ["/models"]
+    assert weights.get("command") is None, "the folder is MODEL_DIR's: `--model X` alone must do"
     assert weights["environment"] == {"MODEL_DIR": "/models", "MODEL_DIR_ON_HOST": "/srv/models"}
     models = mounts(weights)["/models"]
     assert models["source"] == "/srv/models" and not models.get("read_only")
